@@ -1,0 +1,169 @@
+"""The ``perflab`` command: doctor, data, run, profile, course.
+
+``perflab run`` has one flag per :class:`RunConfig` field, generated from the dataclass,
+so the CLI and the config cannot drift apart; bad values give RunConfig's own errors.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+
+def _parse_optional_int(text: str) -> int | None:
+    return None if text.lower() in ("none", "off") else int(text)
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    from perflab.config import PRESETS, RunConfig
+
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
+                   help="start from a named preset (default: quick)")
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        kw: dict = {"dest": f.name, "default": argparse.SUPPRESS,
+                    "help": f"RunConfig.{f.name} (default {f.default!r})"}
+        if hint is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif hint is int:
+            p.add_argument(flag, type=int, **kw)
+        elif hint is float:
+            p.add_argument(flag, type=float, **kw)
+        elif hint == (int | None) or hint == typing.Optional[int]:
+            p.add_argument(flag, type=_parse_optional_int, metavar="INT|none", **kw)
+        else:
+            choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal \
+                else None
+            p.add_argument(flag, choices=choices, **kw)
+
+
+def _config_from(args: argparse.Namespace):
+    from perflab.config import RunConfig
+
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig.preset(args.preset, **{k: v for k, v in vars(args).items() if k in names})
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from perflab.env import env_summary, lab_capabilities
+
+    print("perflab doctor\n")
+    print(env_summary())
+    print("\nWhat each lab can show on this machine:")
+    for row in lab_capabilities():
+        print(f"  {row['lab']:<28} {row['status']:<10} {row['note']}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from perflab.dataset import EMBEDDED_NAME, build_dataset, default_data_root
+
+    manifest = build_dataset(args.root, force=args.force, progress=not args.quiet)
+    path = Path(args.root).expanduser() if args.root else default_data_root()
+    print(f"embedded dataset ready: {path / EMBEDDED_NAME}")
+    print(f"  {len(manifest['classes'])} classes, images per split {manifest['num_images']}, "
+          f"fingerprint {manifest['sha256'][:16]}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from perflab.profiling import diagnose
+    from perflab.train import run
+
+    config = _config_from(args)
+    result = run(config, progress=not args.quiet, save=not args.no_save)
+    print(result)
+    print()
+    print(result.phase_table().round(2).to_string())
+    print()
+    print(diagnose(result))
+    if result.path:
+        print(f"\nsaved: {result.path}")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from perflab.profiling import profile
+
+    config = _config_from(args)
+    summary = profile(config, active=args.active, tensorboard=args.tensorboard,
+                      progress=not args.quiet)
+    print(summary)
+    return 0
+
+
+def cmd_course(args: argparse.Namespace) -> int:
+    from perflab.course import build_labs
+
+    changed = build_labs(args.solutions, args.labs, check=args.check)
+    if args.check:
+        if changed:
+            print("labs/ is out of date with solutions/ (run `perflab course build`):")
+            for p in changed:
+                print(f"  {p}")
+            return 1
+        print("labs/ is up to date with solutions/")
+        return 0
+    for p in changed:
+        print(f"wrote {p}")
+    if not changed:
+        print("labs/ already up to date")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perflab", description="Measured labs for making PyTorch training fast.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("doctor", help="environment, and what each lab can show here")
+    p.set_defaults(fn=cmd_doctor)
+
+    p = sub.add_parser("data", help="build the embedded photo-patches dataset")
+    p.add_argument("--root", default=None, help="data root (default: data/ or $PERFLAB_DATA)")
+    p.add_argument("--force", action="store_true", help="rebuild even if present")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_data)
+
+    p = sub.add_parser("run", help="train, print the phase breakdown, save JSON")
+    _add_config_flags(p)
+    p.add_argument("--no-save", action="store_true", help="do not write results/*.json")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("profile", help="torch.profiler trace, top ops, diagnosis")
+    _add_config_flags(p)
+    p.add_argument("--active", type=int, default=3, help="profiled steps (default 3)")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard output")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_profile)
+
+    p = sub.add_parser("course", help="course tooling")
+    csub = p.add_subparsers(dest="course_command", required=True)
+    b = csub.add_parser("build", help="write labs/ (student notebooks) from solutions/")
+    b.add_argument("--solutions", default="solutions", type=Path)
+    b.add_argument("--labs", default="labs", type=Path)
+    b.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if labs/ differs from a fresh build")
+    b.set_defaults(fn=cmd_course)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"perflab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

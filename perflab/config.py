@@ -1,0 +1,198 @@
+"""``RunConfig``: every knob a lab turns, validated before any work starts.
+
+One frozen, keyword-only dataclass (after torchtitan's job config and nanoGPT's
+``GPTConfig``). Variants are made with :func:`dataclasses.replace` or
+:meth:`RunConfig.preset`; every invalid value raises ``ValueError`` naming the field and
+the fix. Later labs add fields here (amp, channels_last, checkpointing, compile,
+world_size, ...), each with a default that means "off".
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES"]
+
+MODELS = ("resnet18", "tiny")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` -> CUDA if available, then MPS, then CPU; other names pass through.
+
+    Raises:
+        ValueError: the named device type is not available on this machine.
+    """
+    kind = device.split(":")[0]
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here; "
+                         "use device='auto' or 'cpu'")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None)
+                              and torch.backends.mps.is_available()):
+        raise ValueError(f"device={device!r} but MPS is not available here; "
+                         "use device='auto' or 'cpu'")
+    return torch.device(device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One experiment. Every field has a default; ``None`` means "off / library default"."""
+
+    label: str = ""
+    """Name shown in tables and plots; empty -> derived from the fields that differ from
+    the defaults (see :meth:`display_label`)."""
+
+    device: str = "auto"
+    """"auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N" or "mps"."""
+
+    model: Literal["resnet18", "tiny"] = "resnet18"
+    """"resnet18" (torchvision-compatible ImageNet ResNet-18) or "tiny" (tests)."""
+
+    dataset: str | None = None
+    """Path to an ImageFolder root containing ``train/`` (and ``val/``) with one folder
+    per class. None -> the embedded photo-patches set, built on first use."""
+
+    image_size: int = 64
+    """Training crop side in pixels (RandomResizedCrop output), >= 16."""
+
+    batch_size: int = 32
+    """Samples per step, >= 2 (BatchNorm needs more than one value per channel)."""
+
+    steps: int = 20
+    """Measured steps (>= 2), after the warm-up steps."""
+
+    warmup_steps: int = 3
+    """Steps run first and excluded from statistics (>= 0; 0 = keep all)."""
+
+    lr: float = 0.05
+    """SGD learning rate (momentum 0.9), > 0."""
+
+    num_workers: int = 0
+    """DataLoader worker processes; 0 = load in the main process (off)."""
+
+    pin_memory: bool = False
+    """Page-locked host batches for faster, asynchronous host-to-GPU copies (CUDA only)."""
+
+    persistent_workers: bool = False
+    """Keep workers alive between epochs (needs num_workers > 0)."""
+
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead (needs num_workers > 0); None = PyTorch's default (2)."""
+
+    threads: int | None = None
+    """Intra-op CPU threads (``torch.set_num_threads``) during the run; None = leave as is."""
+
+    seed: int = 0
+    """Seeds model init, shuffling and augmentation."""
+
+    # ------------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(isinstance(self.device, str) and self.device.split(":")[0] in DEVICES,
+             f"device must be one of {DEVICES} (or 'cuda:N'), got {self.device!r}")
+        need(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
+        need(isinstance(self.image_size, int) and self.image_size >= 16,
+             f"image_size must be an int >= 16 pixels, got {self.image_size!r}")
+        need(isinstance(self.batch_size, int) and self.batch_size >= 2,
+             f"batch_size must be an int >= 2 (BatchNorm needs more than one sample per "
+             f"step), got {self.batch_size!r}")
+        need(isinstance(self.steps, int) and self.steps >= 2,
+             f"steps must be an int >= 2 (statistics need two samples), got {self.steps!r}")
+        need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
+             f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+        need(isinstance(self.lr, (int, float)) and self.lr > 0,
+             f"lr must be > 0, got {self.lr!r}")
+        need(isinstance(self.num_workers, int) and self.num_workers >= 0,
+             f"num_workers must be an int >= 0 (0 loads in the main process), "
+             f"got {self.num_workers!r}")
+        need(not (self.persistent_workers and self.num_workers == 0),
+             "persistent_workers=True needs num_workers > 0; set num_workers >= 1 "
+             "or persistent_workers=False")
+        need(self.prefetch_factor is None or self.num_workers > 0,
+             "prefetch_factor needs num_workers > 0; set num_workers >= 1 "
+             "or prefetch_factor=None")
+        need(self.prefetch_factor is None
+             or (isinstance(self.prefetch_factor, int) and self.prefetch_factor >= 1),
+             f"prefetch_factor must be None or an int >= 1, got {self.prefetch_factor!r}")
+        need(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
+             f"threads must be None or an int >= 1, got {self.threads!r}")
+        need(isinstance(self.seed, int), f"seed must be an int, got {self.seed!r}")
+        if self.dataset is not None:
+            p = Path(self.dataset).expanduser()
+            need(p.is_dir(), f"dataset={self.dataset!r} is not a directory; pass an "
+                 "ImageFolder root, or dataset=None for the embedded set (`perflab data`)")
+        if self.pin_memory:
+            dev = resolve_device(self.device)
+            need(dev.type == "cuda",
+                 f"pin_memory=True needs a CUDA device; on {dev.type} set pin_memory=False")
+        elif self.device != "auto":
+            resolve_device(self.device)  # raises when the named device is missing
+
+    # ------------------------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "RunConfig":
+        """A named preset (``"quick"`` or ``"full"``) with field overrides.
+
+        Raises:
+            ValueError: unknown preset name or unknown field in ``overrides``.
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}; "
+                             f"valid fields: {[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """``dataclasses.replace`` with validation (a new, checked config)."""
+        return dataclasses.replace(self, **changes)
+
+    def resolved_device(self) -> torch.device:
+        """The concrete device this config runs on."""
+        return resolve_device(self.device)
+
+    def changed_fields(self) -> dict[str, Any]:
+        """Fields whose value differs from the class default (label excluded)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "label" and getattr(self, f.name) != f.default}
+
+    def display_label(self) -> str:
+        """``label`` if set, else a short description like ``"bs=64 workers=2"``."""
+        if self.label:
+            return self.label
+        short = {"batch_size": "bs", "num_workers": "workers", "image_size": "px"}
+        parts = [f"{short.get(k, k)}={v}" for k, v in self.changed_fields().items()
+                 if k not in ("steps", "warmup_steps", "dataset", "device")]
+        return " ".join(parts) or "default"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        """Restore from :meth:`to_dict`; fields unknown to this version are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+#: Named presets. ``quick``: a measured run in <= 30 s on a 2-core CPU.
+#: ``full``: ImageNet-sized crops for a GPU.
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": dict(image_size=64, batch_size=32, steps=12, warmup_steps=3),
+    "full": dict(image_size=224, batch_size=128, steps=50, warmup_steps=10, num_workers=8,
+                 persistent_workers=True),
+}

@@ -1,0 +1,88 @@
+"""Course tooling: build the student notebooks in ``labs/`` from ``solutions/``.
+
+``solutions/NN_*.ipynb`` is the single source of each lab. Solution code sits between
+``### BEGIN SOLUTION`` / ``### END SOLUTION`` in cells whose nbgrader metadata says
+``solution: true``; hidden checks between ``### BEGIN HIDDEN TESTS`` /
+``### END HIDDEN TESTS``; graded cells carry nbgrader's ``grade_id`` and ``points``.
+Building uses nbgrader's own preprocessors (ClearSolutions, ClearHiddenTests,
+ClearOutput) as a library, with no gradebook database, so the notebooks stay valid
+nbgrader source notebooks for instructors who use nbgrader itself.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+__all__ = ["build_lab", "build_labs", "graded_cells"]
+
+
+def _preprocessors():
+    # Imported here: nbgrader pulls in jupyter/sqlalchemy, which `import perflab` must not.
+    from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
+
+    return [ClearSolutions(), ClearHiddenTests(), ClearOutput()]
+
+
+def graded_cells(nb: nbformat.NotebookNode) -> dict[str, float]:
+    """``grade_id -> points`` of the graded cells of a notebook."""
+    out = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade"):
+            out[meta["grade_id"]] = float(meta.get("points", 0))
+    return out
+
+
+def build_lab(solution: Path) -> str:
+    """The student version of one solution notebook, as notebook JSON text.
+
+    Raises:
+        ValueError: the notebook has no graded cells, or a solution region sits in a
+            cell not marked as a solution cell (nbgrader's own check).
+    """
+    nb = nbformat.read(str(solution), as_version=4)
+    if not graded_cells(nb):
+        raise ValueError(f"{solution}: no graded cells (nbgrader metadata grade: true); "
+                         "every lab needs at least one check")
+    resources: dict = {}
+    for pre in _preprocessors():
+        try:
+            nb, resources = pre.preprocess(nb, resources)
+        except RuntimeError as e:
+            raise ValueError(f"{solution}: {e}") from e
+    nb.metadata.pop("widgets", None)  # saved widget state belongs to outputs
+    return nbformat.writes(nb) + "\n"
+
+
+def build_labs(solutions_dir: str | Path = "solutions", labs_dir: str | Path = "labs", *,
+               check: bool = False) -> list[Path]:
+    """Write ``labs/NN_*.ipynb`` for every ``solutions/NN_*.ipynb``.
+
+    Args:
+        solutions_dir: folder of solution notebooks.
+        labs_dir: folder of student notebooks (created if missing).
+        check: write nothing; return the student notebooks that are missing or differ
+            from what a build would write (CI fails on a non-empty list).
+
+    Returns:
+        The paths written (or, with ``check``, the paths out of date).
+
+    Raises:
+        FileNotFoundError: no solution notebooks found.
+    """
+    sols = sorted(Path(solutions_dir).glob("[0-9][0-9]_*.ipynb"))
+    if not sols:
+        raise FileNotFoundError(f"no solution notebooks (NN_*.ipynb) in {solutions_dir}")
+    labs = Path(labs_dir)
+    changed = []
+    for sol in sols:
+        text = build_lab(sol)
+        dest = labs / sol.name
+        if dest.exists() and dest.read_text() == text:
+            continue
+        changed.append(dest)
+        if not check:
+            labs.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text)
+    return changed

@@ -1,0 +1,398 @@
+"""Four profilers on the same training step, and a diagnosis of what to fix first (Lab 01).
+
+:func:`profile` (``torch.profiler``: operators, kernels, a timeline trace),
+:func:`cprofile_loader` (``cProfile``: Python functions of the input pipeline),
+:func:`line_profile_dataset` (``line_profiler``: lines of ``__getitem__`` and the
+transform), :func:`memory_profile_step` (``memory_profiler``: RSS line by line through a
+step), :func:`diagnose` (bottleneck of a RunResult and the lab that fixes it). No profiler
+is written here: these drive the libraries and return pandas DataFrames.
+"""
+from __future__ import annotations
+
+import cProfile
+import linecache
+import os
+import pstats
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from perflab.config import RunConfig
+from perflab.result import PHASES, RunResult, default_results_dir
+from perflab.trace import load_trace, phase_times
+
+__all__ = ["profile", "ProfileSummary", "cprofile_loader", "line_profile_dataset",
+           "memory_profile_step", "diagnose", "Diagnosis", "DATA_WAIT_SHARE",
+           "MEMORY_FRACTION", "COMM_SHARE", "OPTIMIZER_SHARE", "TOP_OPS_COLUMNS"]
+
+#: Data-wait share of the mean step at or above which the input pipeline is the bottleneck.
+DATA_WAIT_SHARE = 0.20
+#: Peak CUDA memory / device total at or above which memory is the bottleneck.
+MEMORY_FRACTION = 0.90
+#: Share of a "comm" phase at or above which communication is the bottleneck.
+COMM_SHARE = 0.20
+#: Optimizer share at or above which a note suggests foreach / fused optimizers.
+OPTIMIZER_SHARE = 0.25
+
+TOP_OPS_COLUMNS = ("name", "calls", "self_cpu_ms", "cpu_total_ms", "self_cpu_pct",
+                   "self_device_ms", "device_total_ms")
+_LABS = {"input pipeline": ("Lab 02: Fix data loading",),
+         "memory": ("Lab 04: Activation checkpointing",),
+         "communication": ("Lab 06: DDP overlap",),
+         "compute": ("Lab 03: Mixed precision", "Lab 05: torch.compile")}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What limits a run and which lab fixes it (made by :func:`diagnose`).
+
+    Attributes: ``dominant_phase`` (largest of data/forward/backward/optimizer),
+    ``shares`` (fraction of the mean step per phase, ``comm`` included when present),
+    ``bottleneck`` ("input pipeline", "memory", "communication" or "compute"), ``labs``,
+    ``reason`` (a sentence with the measured numbers), ``thresholds`` (fractions, by
+    name), ``notes`` (secondary findings).
+    """
+
+    dominant_phase: str
+    shares: dict[str, float]
+    bottleneck: str
+    labs: tuple[str, ...]
+    reason: str
+    thresholds: dict[str, float]
+    notes: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        shares = ", ".join(f"{p} {100 * s:.0f} %" for p, s in self.shares.items())
+        dom = f"{self.dominant_phase} {100 * self.shares[self.dominant_phase]:.0f} %"
+        return "\n".join([f"Diagnosis: {self.bottleneck} bound (dominant phase: {dom})",
+                          f"  shares: {shares}", f"  why: {self.reason}",
+                          f"  next: {'; '.join(self.labs)}",
+                          *(f"  note: {n}" for n in self.notes),
+                          "  thresholds: " + ", ".join(f"{k} {v:g}" for k, v
+                                                       in self.thresholds.items())])
+
+
+def diagnose(result: RunResult, *, device_total_bytes: int | None = None) -> Diagnosis:
+    """Name the dominant phase and the bottleneck of ``result``, with the lab that fixes it.
+
+    First matching rule wins (shares are fractions of the mean step time):
+
+    1. data-wait share >= ``DATA_WAIT_SHARE`` (0.20) -> "input pipeline", Lab 02;
+    2. CUDA peak allocated memory >= ``MEMORY_FRACTION`` (0.90) of the device's total
+       -> "memory", Lab 04;
+    3. ``config.world_size`` > 1 and a ``comm`` phase with share >= ``COMM_SHARE`` (0.20)
+       -> "communication", Lab 06;
+    4. otherwise "compute" -> Lab 03 (mixed precision) and Lab 05 (torch.compile).
+
+    An optimizer share >= ``OPTIMIZER_SHARE`` (0.25) adds a note (foreach/fused optimizers).
+
+    ``device_total_bytes``: the GPU's memory, bytes; None -> from ``torch.cuda`` when the
+    run's GPU is in this machine (else rule 2 is skipped, with a note).
+
+    Raises:
+        ValueError: the result has none of the phases data/forward/backward/optimizer.
+    """
+    shares = dict(result.phase_shares())
+    if "comm" in result.phases:
+        shares["comm"] = result.phases["comm"].mean / result.step.mean
+    main = {p: shares[p] for p in PHASES if p in shares}
+    if not main:
+        raise ValueError(f"result {result.label!r} has none of the phases {PHASES}")
+    dominant = max(main, key=main.__getitem__)
+    data, comm = shares.get("data", 0.0), shares.get("comm", 0.0)
+    world = getattr(result.config, "world_size", 1) or 1
+    notes: list[str] = []
+    device = str(result.env.get("device", ""))
+    on_cuda = device.startswith("cuda")
+    if on_cuda and device_total_bytes is None and torch.cuda.is_available():
+        try:  # only this machine's GPU, and only if it is the one the run used
+            props = torch.cuda.get_device_properties(device)
+            if props.name == result.env.get("device_name", props.name):
+                device_total_bytes = props.total_memory
+        except (AssertionError, RuntimeError, ValueError):
+            pass
+    mem_frac = (result.peak_memory.peak_bytes / device_total_bytes
+                if on_cuda and device_total_bytes else None)
+    if on_cuda and mem_frac is None:
+        notes.append("memory not checked: the GPU's total memory is unknown here")
+
+    if data >= DATA_WAIT_SHARE:
+        bottleneck = "input pipeline"
+        reason = (f"waiting for the next batch takes {data:.0%} of the mean step "
+                  f"(>= {DATA_WAIT_SHARE:.0%}): the input pipeline starves the model")
+    elif mem_frac is not None and mem_frac >= MEMORY_FRACTION:
+        bottleneck = "memory"
+        reason = (f"peak memory {result.peak_mem_gib:.2f} GiB is {mem_frac:.0%} of the "
+                  f"GPU's {device_total_bytes / 2**30:.1f} GiB (>= {MEMORY_FRACTION:.0%}): "
+                  "no room for a larger batch or model")
+    elif world > 1 and comm >= COMM_SHARE:
+        bottleneck = "communication"
+        reason = (f"communication takes {comm:.0%} of the mean step with world_size="
+                  f"{world} (>= {COMM_SHARE:.0%}): gradient sync is not hidden by compute")
+    else:
+        bottleneck = "compute"
+        reason = (f"data wait is only {data:.0%} of the mean step (< {DATA_WAIT_SHARE:.0%})"
+                  f" and {dominant} dominates at {main[dominant]:.0%}: compute bound")
+    if shares.get("optimizer", 0.0) >= OPTIMIZER_SHARE:
+        notes.append(f"the optimizer step takes {shares['optimizer']:.0%} of the mean step "
+                     f"(>= {OPTIMIZER_SHARE:.0%}): try foreach=True or, on CUDA, fused=True")
+    thresholds = {"data_wait_share": DATA_WAIT_SHARE, "memory_fraction": MEMORY_FRACTION,
+                  "comm_share": COMM_SHARE, "optimizer_share": OPTIMIZER_SHARE}
+    return Diagnosis(dominant_phase=dominant, shares=shares, bottleneck=bottleneck,
+                     labs=_LABS[bottleneck], reason=reason, thresholds=thresholds,
+                     notes=tuple(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileSummary:
+    """What :func:`profile` recorded: ``top_ops`` (DataFrame, ms), ``trace_path`` (Chrome
+    trace JSON), ``tensorboard_dir`` (or None), ``phases`` (:func:`perflab.trace.
+    phase_times` of the trace, ms), ``result`` (the profiled run, profiler overhead
+    included) and ``diagnosis`` (:func:`diagnose` of it)."""
+
+    top_ops: pd.DataFrame
+    trace_path: str
+    tensorboard_dir: str | None
+    phases: pd.DataFrame
+    result: RunResult
+    diagnosis: Diagnosis
+
+    def how_to_open(self) -> str:
+        """How to look at the trace (text)."""
+        text = (f"Timeline: drag {self.trace_path} into https://ui.perfetto.dev (or Load "
+                "it in chrome://tracing); each step shows the perflab:data / forward / "
+                "backward / optimizer ranges with their operators.")
+        if self.tensorboard_dir:
+            text += ("\nTensorBoard: pip install torch-tb-profiler; tensorboard --logdir "
+                     f"{Path(self.tensorboard_dir).parent}; open the PYTORCH_PROFILER tab "
+                     "(PyTorch has deprecated this plugin in favour of Perfetto).")
+        return text
+
+    def __repr__(self) -> str:
+        key = "self_device_ms" if self.top_ops["self_device_ms"].sum() > 0 else "self_cpu_ms"
+        phases = ", ".join(f"{p} {r.per_step_ms:.1f} ms ({r.share_pct:.0f} %)"
+                           for p, r in self.phases.iterrows())
+        top = self.top_ops.head(5)[["name", "calls", key, "self_cpu_pct"]]
+        return "\n".join([
+            f"ProfileSummary {self.result.label!r} on {self.result.env.get('device')}",
+            f"  phases per profiled step: {phases}", f"  top operators by {key}:",
+            *("    " + line for line in top.to_string(index=False).splitlines()),
+            *("  " + line for line in repr(self.diagnosis).splitlines()),
+            *("  " + line for line in self.how_to_open().splitlines())])
+
+
+def _check(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _top_ops(prof: torch.profiler.profile, row_limit: int, on_gpu: bool) -> pd.DataFrame:
+    events = prof.key_averages()
+    total_self_cpu = sum(e.self_cpu_time_total for e in events) or 1.0
+    rows = [(e.key, e.count, e.self_cpu_time_total / 1e3, e.cpu_time_total / 1e3,
+             100 * e.self_cpu_time_total / total_self_cpu, e.self_device_time_total / 1e3,
+             e.device_time_total / 1e3)
+            for e in events if not e.key.startswith(("perflab:", "ProfilerStep"))]
+    df = pd.DataFrame(rows, columns=list(TOP_OPS_COLUMNS))
+    df = df.sort_values("self_device_ms" if on_gpu else "self_cpu_ms", ascending=False)
+    return df.head(row_limit).reset_index(drop=True)
+
+
+def profile(config: RunConfig, *, wait: int = 1, warmup: int = 1, active: int = 3,
+            trace_dir: str | os.PathLike[str] | None = None, tensorboard: bool = False,
+            row_limit: int = 15, progress: bool = True) -> ProfileSummary:
+    """Profile ``config``'s training loop with ``torch.profiler`` and summarise it.
+
+    Runs :func:`perflab.train.run` (the loop every measurement uses) for ``wait + warmup``
+    warm-up and ``max(active, 2)`` measured steps under ``torch.profiler.schedule(wait,
+    warmup, active, repeat=1)``; activities CPU, plus CUDA on CUDA. The Chrome trace goes
+    to ``<trace_dir>/<label>-<UTC time>.json`` (default ``default_results_dir() /
+    "traces"``); ``tensorboard=True`` copies it into ``<trace_dir>/tensorboard/<label>/``
+    named as ``tensorboard_trace_handler`` names files (Kineto saves a trace only once).
+
+    ``top_ops`` (``prof.key_averages()`` without perflab:* and ProfilerStep* ranges):
+    name, calls, self_cpu_ms, cpu_total_ms, self_cpu_pct (of all self CPU time recorded),
+    self_device_ms, device_total_ms (0 on CPU); ``row_limit`` rows by self device time on
+    CUDA, else self CPU time. Python work that is no torch op (JPEG decoding) is self time
+    of its range (``enumerate(DataLoader)...``, ``perflab:data``).
+
+    Raises:
+        ValueError: ``wait`` or ``warmup`` < 0, ``active`` or ``row_limit`` < 1 (checked
+            before any work); a bad dataset (from :func:`perflab.train.run`).
+    """
+    for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0),
+                             ("active", active, 1), ("row_limit", row_limit, 1)):
+        _check(name, value, low)
+    from perflab.train import run  # imports perflab.data (PIL, loaders) only when used
+
+    on_gpu = config.resolved_device().type == "cuda"
+    out = Path(trace_dir) if trace_dir is not None else default_results_dir() / "traces"
+    out.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", config.display_label())[:60]
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path, n = out / f"{slug}-{stamp}.json", 1
+    while path.exists():
+        n += 1
+        path = out / f"{slug}-{stamp}-{n}.json"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if on_gpu:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=schedule,
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))
+                                ) as prof:
+        result = run(config.replace(warmup_steps=wait + warmup, steps=max(active, 2)),
+                     profiler=prof, save=False, progress=progress)
+    if not path.is_file():
+        raise RuntimeError(f"torch.profiler did not write {path}")
+    tb_dir = out / "tensorboard" / slug if tensorboard else None
+    if tb_dir:
+        tb_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, tb_dir / f"{slug}.{time.time_ns()}.pt.trace.json")
+    return ProfileSummary(top_ops=_top_ops(prof, row_limit, on_gpu), trace_path=str(path),
+                          tensorboard_dir=str(tb_dir) if tb_dir else None,
+                          phases=phase_times(load_trace(path)), result=result,
+                          diagnosis=diagnose(result))
+
+
+def _main_process(config: RunConfig) -> RunConfig:
+    return config.replace(num_workers=0, persistent_workers=False, prefetch_factor=None,
+                          pin_memory=False)
+
+
+def _short(path: str) -> str:
+    """Path for tables: after site-packages, relative to perflab's parent, or last 2 parts."""
+    p = path.replace("\\", "/")
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in p:
+            return p.split(marker)[-1]
+    root = Path(__file__).resolve().parent.parent.as_posix() + "/"
+    return p[len(root):] if p.startswith(root) else "/".join(p.split("/")[-2:])
+
+
+def cprofile_loader(config: RunConfig, *, batches: int = 5, top: int = 20) -> pd.DataFrame:
+    """``cProfile`` over loading ``batches`` batches of ``config``'s training data.
+
+    cProfile sees only the calling process, so the loader loads in this one:
+    ``num_workers=0``, ``persistent_workers=False``, ``prefetch_factor=None``,
+    ``pin_memory=False``. Building the loader is not profiled. cProfile records Python
+    functions only: time in C (JPEG decode, resize, tensor ops) is attributed to the
+    builtin or C-extension call that ran it.
+
+    Returns:
+        The ``top`` rows by own time: ``function`` ("file:line(name)", path shortened;
+        builtins as ``{built-in method ...}``), ``ncalls``, ``tottime_s`` (own time, s),
+        ``cumtime_s`` (with callees, s), ``percall_ms`` (tottime / ncalls, ms).
+
+    Raises:
+        ValueError: ``batches`` or ``top`` < 1; a bad dataset (see ``make_loader``).
+    """
+    _check("batches", batches, 1)
+    _check("top", top, 1)
+    from perflab.data import infinite_batches, make_loader
+
+    it = infinite_batches(make_loader(_main_process(config)))
+    try:
+        with cProfile.Profile() as prof:
+            for _ in range(batches):
+                next(it)
+    finally:
+        it.close()
+    rows = [(pstats.func_std_string((file if file == "~" else _short(file), line, name)),
+             nc, tt, ct, 1e3 * tt / nc if nc else 0.0)
+            for (file, line, name), (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()]
+    df = pd.DataFrame(rows, columns=["function", "ncalls", "tottime_s", "cumtime_s",
+                                     "percall_ms"])
+    return df.sort_values("tottime_s", ascending=False).head(top).reset_index(drop=True)
+
+
+def line_profile_dataset(config: RunConfig, *, samples: int = 32) -> pd.DataFrame:
+    """``line_profiler`` timings of the dataset's ``__getitem__`` and the train transform.
+
+    Profiles ``type(dataset).__getitem__``, ``type(dataset.transform).__call__`` and
+    :mod:`perflab.data`'s ``random_resized_crop``, ``to_tensor`` and ``normalize`` while
+    ``dataset[i % len(dataset)]`` runs for ``i < samples`` in this process. A line's time
+    includes the calls it makes, so a caller's line also counts its callees' lines.
+
+    Returns:
+        One row per executed line, functions in registration order: ``function``
+        ("file:line(qualname)"), ``lineno``, ``hits``, ``time_ms``, ``per_hit_us``,
+        ``pct_of_function`` (% of the function's summed line times), ``source`` (the
+        stripped line). Times converted with ``get_stats().unit`` (seconds per tick).
+
+    Raises:
+        ValueError: ``samples`` < 1; a bad dataset (see ``make_loader``).
+    """
+    _check("samples", samples, 1)
+    import line_profiler
+
+    from perflab import data
+
+    dataset = data.make_loader(_main_process(config)).dataset
+    funcs = [type(dataset).__getitem__]
+    if callable(getattr(dataset, "transform", None)):
+        funcs.append(type(dataset.transform).__call__)
+    funcs += [getattr(data, n) for n in ("random_resized_crop", "to_tensor", "normalize")
+              if hasattr(data, n)]
+    lp = line_profiler.LineProfiler()
+    for f in funcs:
+        lp.add_callable(f)
+    with lp:
+        for i in range(samples):
+            dataset[i % len(dataset)]
+    stats = lp.get_stats()
+    rows = []
+    for (file, first, name), entries in stats.timings.items():
+        total = sum(t for _, _, t in entries)
+        rows += [(f"{_short(file)}:{first}({name})", lineno, hits, t * stats.unit * 1e3,
+                  t * stats.unit * 1e6 / hits if hits else 0.0,
+                  100 * t / total if total else 0.0, linecache.getline(file, lineno).strip())
+                 for lineno, hits, t in sorted(entries)]
+    return pd.DataFrame(rows, columns=["function", "lineno", "hits", "time_ms",
+                                       "per_hit_us", "pct_of_function", "source"])
+
+
+def memory_profile_step(config: RunConfig) -> pd.DataFrame:
+    """``memory_profiler``'s line-by-line memory of :func:`perflab.train.train_step`.
+
+    The first step of a fresh model (:func:`perflab.train.build_training`, one batch loaded
+    in this process) runs under ``memory_profiler.LineProfiler`` (psutil backend), which
+    reads the process's resident set size (RSS) at each line. RSS shows only what the OS
+    gives the process: allocators keep freed memory for reuse, so a line that frees
+    tensors (backward releasing activations) may show no decrease. GPU memory is not in
+    RSS; on CUDA use ``torch.cuda.memory_stats`` (Lab 04).
+
+    Returns:
+        One row per executed line: ``lineno``, ``mem_usage_mib`` (RSS after the line,
+        MiB), ``increment_mib`` (change over the line, MiB), ``occurrences``, ``source``.
+
+    Raises:
+        ValueError: a bad dataset (see ``make_loader``).
+    """
+    import memory_profiler
+
+    from perflab.train import build_training, train_step
+
+    loader, model, optimizer, device = build_training(_main_process(config))
+    x, y = next(iter(loader))  # (B, 3, S, S) float32, (B,) int64
+    x, y = x.to(device), y.to(device)
+    mp = memory_profiler.LineProfiler(backend="psutil")
+    mp.add_function(train_step)
+    previous_trace = sys.gettrace()
+    try:
+        with mp:
+            train_step(model, x, y, optimizer)
+    finally:
+        sys.settrace(previous_trace)  # memory_profiler restores it too; be sure
+    rows = [(lineno, mem[1], mem[0], mem[2], linecache.getline(file, lineno).strip())
+            for file, lines in mp.code_map.items() for lineno, mem in lines if mem]
+    return pd.DataFrame(rows, columns=["lineno", "mem_usage_mib", "increment_mib",
+                                       "occurrences", "source"])

@@ -1,0 +1,178 @@
+"""``RunResult``: what one ``run(config)`` measured, saved as JSON so nothing is lost.
+
+A kernel restart, a crashed widget or a later session can reload any result with
+:meth:`RunResult.load`; every result is written under ``results/`` as soon as it exists.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from perflab.config import RunConfig
+from perflab.measurement import Measurement
+from perflab.memory import PeakMemory
+
+__all__ = ["RunResult", "PHASES", "default_results_dir", "source_checkout_root"]
+
+#: The phases of a training step, in order. "other" is step time not inside any phase.
+PHASES = ("data", "forward", "backward", "optimizer")
+SCHEMA_VERSION = 1
+
+
+def source_checkout_root() -> Path | None:
+    """The project folder when perflab is imported from a source checkout, else None."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def default_results_dir() -> Path:
+    """``$PERFLAB_RESULTS``, else ``<checkout>/results``, else ``./results``."""
+    if os.environ.get("PERFLAB_RESULTS"):
+        return Path(os.environ["PERFLAB_RESULTS"])
+    root = source_checkout_root()
+    return (root if root else Path.cwd()) / "results"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One measured training run.
+
+    Attributes:
+        config: the :class:`RunConfig` that produced it.
+        phases: a :class:`Measurement` per phase (``PHASES``), plus ``"other"`` (time
+            between phases) and ``"step"`` (whole step), warm-up excluded. Seconds.
+        losses: training loss of every step, warm-up included (float).
+        peak_memory: peak memory during the run, with what kind of peak it is.
+        env: :func:`perflab.env_summary` as a dict.
+        num_classes: classes in the dataset.
+        wall_s: wall-clock seconds of the whole run (set-up included).
+        created: UTC timestamp (ISO 8601).
+        path: where the JSON was saved, or None.
+    """
+
+    config: RunConfig
+    phases: dict[str, Measurement]
+    losses: tuple[float, ...]
+    peak_memory: PeakMemory
+    env: dict
+    num_classes: int
+    wall_s: float
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    path: str | None = None
+
+    # -- derived numbers --------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return self.config.display_label()
+
+    @property
+    def step(self) -> Measurement:
+        """Whole-step times (seconds), warm-up excluded."""
+        return self.phases["step"]
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput = batch_size / median step time (samples/s)."""
+        return self.config.batch_size / self.step.median
+
+    @property
+    def samples_per_s_ci95(self) -> tuple[float, float]:
+        """95 % CI of throughput (from the median step time's CI)."""
+        return self.step.samples_per_s_ci95  # type: ignore[return-value]
+
+    @property
+    def peak_mem_gib(self) -> float:
+        return self.peak_memory.peak_gib
+
+    def phase_shares(self) -> dict[str, float]:
+        """Each phase's share of the mean step time (fractions; with "other" they sum to 1).
+
+        Means are used, not medians, because means add: mean(a + b) = mean(a) + mean(b).
+        """
+        total = self.step.mean
+        return {p: self.phases[p].mean / total for p in (*PHASES, "other") if p in self.phases}
+
+    @property
+    def data_wait_share(self) -> float:
+        """Fraction of the mean step spent waiting for the next batch."""
+        return self.phase_shares()["data"]
+
+    def phase_table(self) -> pd.DataFrame:
+        """Per-phase median and mean (ms), IQR (ms), share of the step (%)."""
+        shares = self.phase_shares()
+        rows = []
+        for p in (*PHASES, "other", "step"):
+            if p not in self.phases:
+                continue
+            m = self.phases[p]
+            rows.append({"phase": p, "median_ms": m.median * 1e3, "mean_ms": m.mean * 1e3,
+                         "iqr_ms": m.iqr * 1e3,
+                         "share_pct": 100 * shares.get(p, 1.0)})
+        return pd.DataFrame(rows).set_index("phase")
+
+    def __repr__(self) -> str:
+        lo, hi = self.samples_per_s_ci95
+        shares = ", ".join(f"{p} {100 * s:.0f} %" for p, s in self.phase_shares().items())
+        warn = "  (noisy: IQR > 10 % of median)" if self.step.noisy else ""
+        return (f"RunResult {self.label!r} on {self.env.get('device')}: "
+                f"step {self.step.median * 1e3:.1f} ms median, "
+                f"{self.samples_per_s:,.1f} samples/s (95 % CI {lo:,.1f}-{hi:,.1f}){warn}\n"
+                f"  phases: {shares}\n"
+                f"  peak memory {self.peak_mem_gib:.2f} GiB ({self.peak_memory.kind})")
+
+    # -- persistence ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA_VERSION, "config": self.config.to_dict(),
+            "phases": {k: m.to_dict() for k, m in self.phases.items()},
+            "losses": list(self.losses),
+            "peak_memory": {"peak_bytes": self.peak_memory.peak_bytes,
+                            "kind": self.peak_memory.kind},
+            "env": self.env, "num_classes": self.num_classes, "wall_s": self.wall_s,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, path: str | None = None) -> "RunResult":
+        if d.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"result schema {d.get('schema')!r} is not {SCHEMA_VERSION}; "
+                             "re-run the experiment with this perflab version")
+        return cls(config=RunConfig.from_dict(d["config"]),
+                   phases={k: Measurement.from_dict(m) for k, m in d["phases"].items()},
+                   losses=tuple(d["losses"]), peak_memory=PeakMemory(**d["peak_memory"]),
+                   env=d["env"], num_classes=d["num_classes"], wall_s=d["wall_s"],
+                   created=d["created"], path=path)
+
+    def save(self, results_dir: str | Path | None = None) -> "RunResult":
+        """Write ``<results_dir>/<UTC time>-<label>.json``; returns a copy with ``path`` set."""
+        out = Path(results_dir) if results_dir else default_results_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        stamp = self.created.replace(":", "").replace("-", "").split(".")[0]
+        slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.label)[:60]
+        path = out / f"{stamp}-{slug}.json"
+        n = 1
+        while path.exists():
+            n += 1
+            path = out / f"{stamp}-{slug}-{n}.json"
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return RunResult.from_dict(self.to_dict(), path=str(path))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunResult":
+        """Read a result saved by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: no such file. ValueError: not a perflab result.
+        """
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p} is not valid JSON ({e}); is it a perflab result?") from e
+        return cls.from_dict(d, path=str(p))

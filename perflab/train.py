@@ -1,0 +1,137 @@
+"""``run(config) -> RunResult``: build data, model and optimizer; time every phase.
+
+The loop is deliberately plain (after nanoGPT's training loop): one ``train_step`` that
+reads top to bottom, wrapped in a :class:`~perflab.timing.PhaseTimer`. Later labs add
+their technique *inside* ``train_step`` (autocast, GradScaler, checkpointing, the
+compiled model) so it stays visible.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from perflab.config import RunConfig
+from perflab.data import infinite_batches, make_loader
+from perflab.env import env_summary
+from perflab.memory import read_peak, reset_peak
+from perflab.models import build_model
+from perflab.result import RunResult
+from perflab.timing import PhaseTimer, Stopwatch
+
+__all__ = ["run", "train_step", "build_training"]
+
+
+class _NoTimer:
+    """Stands in for a PhaseTimer when a step is not being timed."""
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        yield
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+               optimizer: torch.optim.Optimizer, timer: Any = None) -> torch.Tensor:
+    """One optimisation step: forward, loss, backward, optimizer step.
+
+    Args:
+        model: maps (B, 3, H, W) float32 images to (B, num_classes) logits.
+        x: images, (B, 3, H, W) float32 on the model's device.
+        y: class indices, (B,) int64 on the same device.
+        optimizer: updates ``model``'s parameters.
+        timer: a :class:`PhaseTimer` with an open step, or None.
+
+    Returns:
+        The loss, a detached 0-d float32 tensor on the device (read it after the step).
+    """
+    timer = timer or _NoTimer()
+    with timer.phase("forward"):
+        logits = model(x)                      # (B, num_classes)
+        loss = F.cross_entropy(logits, y)      # mean over the batch
+    with timer.phase("backward"):
+        loss.backward()
+    with timer.phase("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def build_training(config: RunConfig):
+    """Data loader, model and optimizer for ``config``, seeded; data is validated first.
+
+    Returns:
+        (loader, model, optimizer, device) with the model on ``device`` in train mode.
+    """
+    device = config.resolved_device()
+    torch.manual_seed(config.seed)
+    loader = make_loader(config)  # validates the dataset before any model work
+    num_classes = len(loader.dataset.classes)
+    model = build_model(config.model, num_classes).to(device).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    return loader, model, optimizer, device
+
+
+def run(config: RunConfig, *, progress: bool = True, save: bool = True,
+        results_dir: str | None = None, profiler: Any = None) -> RunResult:
+    """Train ``config.warmup_steps + config.steps`` steps and measure each phase.
+
+    Each step is timed (synchronised with the device; CUDA events on GPU) as data-wait
+    (next batch + host-to-device copy), forward (model + loss), backward and optimizer;
+    the first ``warmup_steps`` are excluded from the statistics.
+
+    Args:
+        config: the experiment.
+        progress: show a tqdm progress bar (a widget in Jupyter, text elsewhere).
+        save: write the result as JSON (see :meth:`RunResult.save`).
+        results_dir: where to save; None -> :func:`perflab.result.default_results_dir`.
+        profiler: an active ``torch.profiler.profile``; ``profiler.step()`` is called
+            after every step (used by :func:`perflab.profiling.profile`).
+
+    Returns:
+        The :class:`RunResult` (with ``path`` set when saved).
+
+    Raises:
+        ValueError / FileNotFoundError: bad dataset (before any training starts).
+    """
+    old_threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    batches = None
+    try:
+        wall = Stopwatch().start()
+        loader, model, optimizer, device = build_training(config)
+        was_reset = reset_peak(device)
+        timer = PhaseTimer(device)
+        batches = infinite_batches(loader)
+        losses: list[float] = []
+        total = config.warmup_steps + config.steps
+        bar = tqdm(range(total), desc=config.display_label(), unit="step",
+                   disable=not progress, leave=False)
+        for _ in bar:
+            with timer.step():
+                with timer.phase("data"):
+                    x, y = next(batches)       # (B, 3, H, W) float32, (B,) int64
+                    x = x.to(device, non_blocking=config.pin_memory)
+                    y = y.to(device, non_blocking=config.pin_memory)
+                loss = train_step(model, x, y, optimizer, timer)
+            losses.append(float(loss))
+            if profiler is not None:
+                profiler.step()
+        bar.close()
+        peak = read_peak(device, was_reset=was_reset)
+        phases = timer.measurements(warmup=config.warmup_steps,
+                                    samples_per_step=config.batch_size,
+                                    label=config.display_label())
+        env = env_summary(config.device, config.dataset).to_dict()
+        env["torch_threads"] = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(old_threads)
+        if batches is not None:
+            batches.close()  # shuts down DataLoader workers now, not at garbage collection
+    result = RunResult(config=config, phases=phases, losses=tuple(losses), peak_memory=peak,
+                       env=env, num_classes=len(loader.dataset.classes),
+                       wall_s=wall.elapsed_s)
+    return result.save(results_dir) if save else result

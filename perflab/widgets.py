@@ -1,0 +1,309 @@
+"""``experiment_panel``: knobs, a Run button, and a measured before/after comparison.
+
+A lab cell says what to turn::
+
+    panel = perflab.experiment_panel(RunConfig.preset("quick"),
+                                     {"num_workers": [0, 1, 2], "batch_size": (16, 128, 16)})
+    panel
+
+Pressing Run builds ``base.replace(**knob values)``, runs the baseline once (cached)
+and the variant, then shows :func:`perflab.plots.plot_comparison` as a PNG, the
+:func:`perflab.measurement.compare_table` of the step times, and the test's verdict.
+The run is synchronous (the kernel is busy, so no other cell competes for the cores
+being measured); errors are shown in the panel, never as a traceback dump.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import ipywidgets as W
+
+from perflab.config import RunConfig
+from perflab.measurement import compare, compare_table
+from perflab.plots import figure_to_png, plot_comparison
+from perflab.result import RunResult
+
+__all__ = ["experiment_panel", "ExperimentPanel"]
+
+RunFn = Callable[..., RunResult]
+#: Clicks handled this soon after a run ended were queued while it ran: ignore them.
+QUEUED_CLICK_WINDOW_S = 0.5
+_ERROR_STYLE = "color:#b00020;font-weight:bold"
+
+
+def _find(choices: Sequence[Any], value: Any) -> int | None:
+    """Index of ``value`` in ``choices`` (``True`` does not match ``1``), else None."""
+    for i, c in enumerate(choices):
+        if c == value and isinstance(c, bool) == isinstance(value, bool):
+            return i
+    return None
+
+
+def _slider_bounds(name: str, spec: Any) -> tuple[int, int, int]:
+    """(min, max, step) of a ``range`` or ``(min, max[, step])`` tuple of ints."""
+    if isinstance(spec, range):
+        if len(spec) == 0:
+            raise ValueError(f"knob {name!r}: {spec!r} is empty; give a non-empty range")
+        return min(spec), max(spec), abs(spec.step)
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in spec)
+    if len(spec) not in (2, 3) or not ints:
+        raise ValueError(f"knob {name!r}: a tuple must be (min, max) or (min, max, step) "
+                         f"of ints for a slider, got {spec!r}; use a list for choices")
+    lo, hi, step = (*spec, 1) if len(spec) == 2 else spec
+    if not (lo <= hi and step >= 1):
+        raise ValueError(f"knob {name!r}: need min <= max and step >= 1, got {spec!r}")
+    return lo, hi, step
+
+
+def _validate(base: RunConfig, knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """Check knob names and that each base value is selectable; returns normalised specs."""
+    if not isinstance(base, RunConfig):
+        raise TypeError(f"base must be a RunConfig, got {type(base).__name__}")
+    fields = [f.name for f in dataclasses.fields(RunConfig)]
+    specs: dict[str, Any] = {}
+    for name, spec in knobs.items():
+        if name not in fields:
+            raise ValueError(f"knob {name!r} is not a RunConfig field; choose from {fields}")
+        value = getattr(base, name)
+        if isinstance(spec, (range, tuple)):
+            lo, hi, step = _slider_bounds(name, spec)
+            if (not isinstance(value, int) or isinstance(value, bool)
+                    or not lo <= value <= hi or (value - lo) % step):
+                raise ValueError(
+                    f"knob {name!r}: base.{name}={value!r} is not on the slider "
+                    f"{lo}..{hi} step {step}; change the range to include it, or use a "
+                    f"list of choices that contains {value!r}")
+            specs[name] = (lo, hi, step)
+        elif isinstance(spec, list):
+            if not spec:
+                raise ValueError(f"knob {name!r}: empty list of choices; give at least "
+                                 f"one value (including base.{name}={value!r})")
+            if _find(spec, value) is None:
+                raise ValueError(f"knob {name!r}: base.{name}={value!r} is not among the "
+                                 f"choices {spec!r}; add it so the baseline is selectable")
+            specs[name] = list(spec)
+        else:
+            raise ValueError(f"knob {name!r}: expected a list of choices (dropdown) or a "
+                             f"range / (min, max, step) tuple of ints (slider), got {spec!r}")
+    return specs
+
+
+def _fmt(v: Any, unit: str = "", digits: int = 2) -> str:
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    if math.isnan(v):
+        return "–"
+    if math.isinf(v):
+        return "∞" if v > 0 else "−∞"
+    return f"{v:,.{digits}f}{unit}"
+
+
+def _table_html(results: Sequence[RunResult], labels: Sequence[str]) -> str:
+    """``compare_table`` of the step times, baseline first, as HTML."""
+    steps = [r.step.relabel(lab) for r, lab in zip(results, labels)]
+    df = compare_table(steps).drop(columns=["verdict"])
+    fmts = {c: (lambda v: _fmt(v)) for c in df.columns if c.endswith("_ms")}
+    fmts.update(samples_per_s=lambda v: _fmt(v, digits=1), p_value=lambda v: f"{v:.3g}")
+    fmts.update({c: (lambda v: _fmt(v, "x")) for c in df.columns if c.startswith("speedup")})
+    return df.to_html(index=False, formatters=fmts, na_rep="–", border=0,
+                      classes="perflab-table")
+
+
+class ExperimentPanel:
+    """The widget panel built by :func:`experiment_panel`.
+
+    Attributes:
+        base: the baseline config. controls: knob name -> its widget.
+        run_button, progress, status, error, image, verdict, table, log: the widgets.
+        widget: the top-level ``VBox`` (a cell ending in the panel displays it).
+        results: every RunResult measured by this panel, in order (baseline first).
+    """
+
+    def __init__(self, base: RunConfig, knobs: Mapping[str, Any], *,
+                 run_fn: RunFn | None = None, baseline: bool = True,
+                 progress: bool = True, title: str | None = None) -> None:
+        specs = _validate(base, knobs)
+        self.base, self._specs, self._run_fn = base, specs, run_fn
+        self._baseline_on, self._progress_on = baseline, progress
+        self.results: list[RunResult] = []
+        self.baseline_result: RunResult | None = None
+        self._running = False
+        self._ended_at = -math.inf
+        style = {"description_width": "initial"}
+        self.controls: dict[str, W.ValueWidget] = {}
+        for name, spec in specs.items():
+            if isinstance(spec, list):
+                ctl = W.Dropdown(options=[(str(c), c) for c in spec], description=name,
+                                 index=_find(spec, getattr(base, name)), style=style)
+            else:
+                lo, hi, step = spec
+                ctl = W.IntSlider(value=getattr(base, name), min=lo, max=hi, step=step,
+                                  description=name, style=style, continuous_update=False)
+            self.controls[name] = ctl
+        what = (f"The baseline <code>{html.escape(base.display_label())}</code> runs once; "
+                if baseline else "")
+        self.title = W.HTML(f"<h4>{html.escape(title or 'Experiment')}</h4><p>{what}"
+                            "choose settings and press <b>Run</b> to measure the variant "
+                            "on this machine.</p>")
+        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
+        self.run_button.add_class("perflab-run")
+        self.run_button.on_click(self._on_click)
+        self.progress = W.IntProgress(value=0, min=0, max=2 if baseline else 1,
+                                      description="runs 0/" + str(2 if baseline else 1))
+        self.status = W.HTML("ready")
+        self.error = W.HTML("")
+        self.error.add_class("perflab-error")
+        self.log = W.Output()  # run_fn's own output: tqdm's step bar, prints, warnings
+        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
+        self.image.add_class("perflab-plot")
+        self.verdict = W.HTML("")
+        self.table = W.HTML("")
+        self.widget = W.VBox([
+            self.title, W.VBox(list(self.controls.values())),
+            W.HBox([self.run_button, self.progress]), self.status, self.error, self.log,
+            self.image, self.verdict, self.table])
+        self.widget.add_class("perflab-panel")
+
+    # -- display --------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs: Any):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return (f"ExperimentPanel(base={self.base.display_label()!r}, "
+                f"knobs={list(self.controls)}, results={len(self.results)})")
+
+    # -- running --------------------------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        """The knob values currently selected."""
+        out = {}
+        for name, ctl in self.controls.items():
+            out[name] = ctl.options[ctl.index][1] if isinstance(ctl, W.Dropdown) else ctl.value
+        return out
+
+    def variant_config(self) -> RunConfig:
+        """``base.replace(**values())``, relabelled when it would look like the baseline.
+
+        Raises:
+            ValueError: the combination of knob values is not a valid RunConfig.
+        """
+        values = self.values()
+        config = self.base.replace(**values)
+        if "label" not in values and config.display_label() == self.base.display_label():
+            changed = [f"{k}={v}" for k, v in values.items() if v != getattr(self.base, k)]
+            config = config.replace(label=" ".join(changed)
+                                    or f"{self.base.display_label()} (again)")
+        return config
+
+    def _on_click(self, _button: Any = None) -> None:
+        if self._running or time.monotonic() - self._ended_at < QUEUED_CLICK_WINDOW_S:
+            return  # a click queued while the kernel was busy with the last run
+        self.run()
+
+    def _set_busy(self, busy: bool) -> None:
+        self._running = busy
+        self.run_button.disabled = busy
+        for ctl in self.controls.values():
+            ctl.disabled = busy
+
+    def _show_error(self, exc: BaseException, what: str) -> None:
+        msg = html.escape(f"{type(exc).__name__}: {exc}").replace("\n", "<br>")
+        self.error.value = f'<div style="{_ERROR_STYLE}">{msg}</div>'
+        self.status.value = f'<span style="{_ERROR_STYLE}">{html.escape(what)}</span>'
+        self.progress.bar_style = "danger"
+
+    def _run_one(self, config: RunConfig, i: int, total: int, role: str) -> RunResult:
+        self.status.value = html.escape(f"running {role} {config.display_label()!r} "
+                                        f"({i}/{total}) ...")
+        run_fn = self._run_fn
+        if run_fn is None:
+            from perflab.train import run as run_fn  # imported late: torch + data stack
+        with self.log:
+            result = run_fn(config, progress=self._progress_on)
+        self.results.append(result)
+        self.progress.value = i
+        self.progress.description = f"runs {i}/{total}"
+        return result
+
+    def run(self, *, raise_errors: bool = False) -> RunResult | None:
+        """Do what the Run button does; returns the variant's RunResult.
+
+        Ignored (returns None) while a run is in progress. A bad knob combination or an
+        exception from the run is shown in the panel and returns None, unless
+        ``raise_errors`` (for scripts), which re-raises it.
+        """
+        if self._running:
+            return None
+        self._set_busy(True)
+        self.error.value = ""
+        self.progress.bar_style = "info"
+        what = "invalid settings: nothing ran; change the knobs named below and press Run"
+        try:
+            config = self.variant_config()
+            what = "the run failed; the panel is still usable"
+            return self._measure(config)
+        except Exception as e:  # noqa: BLE001 - shown in the panel, the kernel lives on
+            self._show_error(e, what)
+            if raise_errors:
+                raise
+            return None
+        finally:
+            self._set_busy(False)
+            self._ended_at = time.monotonic()
+
+    def _measure(self, config: RunConfig) -> RunResult:
+        need_base = self._baseline_on and self.baseline_result is None
+        total = 1 + int(need_base)
+        self.log.outputs = ()
+        self.progress.max, self.progress.value = total, 0
+        self.progress.description = f"runs 0/{total}"
+        if need_base:
+            self.baseline_result = self._run_one(self.base, 1, total, "baseline")
+        variant = self._run_one(config, total, total, "variant")
+        shown = [self.baseline_result, variant] if self._baseline_on else [variant]
+        labels = [r.label for r in shown]
+        if len(labels) == 2 and labels[0] == labels[1]:
+            labels[0] += " (baseline)"
+        self.image.value = figure_to_png(plot_comparison(shown))
+        self.table.value = _table_html(shown, labels)
+        if len(shown) == 2:
+            c = compare(shown[0].step.relabel(labels[0]), variant.step.relabel(labels[1]))
+            noisy = any(r.step.noisy for r in shown)
+            self.verdict.value = html.escape(
+                f"speedup {c.speedup:.2f}x (95 % CI {c.ci95[0]:.2f}-{c.ci95[1]:.2f}x): "
+                f"{c.verdict}" + ("; noisy (IQR > 10 % of median): close other programs "
+                                  "or measure more steps" if noisy else ""))
+        else:
+            self.verdict.value = "baseline=False: no baseline to compare against"
+        saved = f"; saved {variant.path}" if variant.path else ""
+        self.status.value = html.escape(f"done: {variant.label!r} "
+                                        f"{variant.samples_per_s:,.1f} samples/s{saved}")
+        self.progress.bar_style = "success"
+        return variant
+
+
+def experiment_panel(base: RunConfig, knobs: Mapping[str, Any], *,
+                     run_fn: RunFn | None = None, baseline: bool = True,
+                     progress: bool = True, title: str | None = None) -> ExperimentPanel:
+    """A before/after experiment panel: knob controls, a Run button, plot and table.
+
+    Args:
+        base: the baseline config; every knob starts at its value.
+        knobs: RunConfig field name -> a list of choices (dropdown) or a ``range`` /
+            ``(min, max[, step])`` tuple of ints (slider, max inclusive).
+        run_fn: called as ``run_fn(config, progress=bool)`` and returns a RunResult;
+            None -> :func:`perflab.train.run` (which saves each result as JSON).
+        baseline: run ``base`` once (cached across clicks) and compare against it.
+        progress: passed to ``run_fn``: tqdm's per-step bar, shown inside the panel.
+        title: heading of the panel (default "Experiment").
+
+    Raises:
+        TypeError: ``base`` is not a RunConfig.
+        ValueError: a knob is not a RunConfig field, its spec is malformed, or the
+            base value is not one of its choices / not on its slider.
+    """
+    return ExperimentPanel(base, knobs, run_fn=run_fn, baseline=baseline,
+                           progress=progress, title=title)

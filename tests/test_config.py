@@ -1,0 +1,103 @@
+"""RunConfig: every validation error names the field and the fix."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from perflab.config import PRESETS, RunConfig, resolve_device
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(batch_size=0), "batch_size must be an int >= 2"),
+    (dict(batch_size=1), "BatchNorm"),
+    (dict(steps=0), "steps must be an int >= 2"),
+    (dict(steps=1), "statistics need two samples"),
+    (dict(warmup_steps=-1), "warmup_steps must be an int >= 0"),
+    (dict(lr=0), "lr must be > 0"),
+    (dict(num_workers=-1), "num_workers must be an int >= 0"),
+    (dict(persistent_workers=True), "persistent_workers=True needs num_workers > 0"),
+    (dict(prefetch_factor=2), "prefetch_factor needs num_workers > 0"),
+    (dict(num_workers=1, prefetch_factor=0), "prefetch_factor must be None or an int >= 1"),
+    (dict(threads=0), "threads must be None or an int >= 1"),
+    (dict(image_size=8), "image_size must be an int >= 16"),
+    (dict(device="tpu"), "device must be one of"),
+    (dict(model="vgg"), "model must be one of"),
+    (dict(seed=1.5), "seed must be an int"),
+    (dict(dataset="/no/such/folder"), "is not a directory"),
+])
+def test_invalid_values_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RunConfig(**kwargs)
+
+
+def test_pin_memory_needs_cuda(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="pin_memory=True needs a CUDA device; on cpu set "
+                                         "pin_memory=False"):
+        RunConfig(pin_memory=True)
+
+
+def test_missing_cuda_named(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="CUDA is not available here"):
+        RunConfig(device="cuda")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda:0")
+
+
+def test_auto_device_prefers_cuda_then_cpu(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto").type == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto").type == "cpu"
+
+
+def test_frozen_and_keyword_only():
+    c = RunConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.batch_size = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RunConfig("cpu")  # type: ignore[misc]
+
+
+def test_replace_validates():
+    c = RunConfig()
+    assert c.replace(batch_size=8).batch_size == 8
+    with pytest.raises(ValueError, match="batch_size"):
+        c.replace(batch_size=0)
+
+
+def test_presets():
+    q = RunConfig.preset("quick")
+    assert q.image_size == PRESETS["quick"]["image_size"]
+    assert RunConfig.preset("quick", steps=5).steps == 5
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        RunConfig.preset("huge")
+    with pytest.raises(ValueError, match="unknown RunConfig field"):
+        RunConfig.preset("quick", batchsize=3)
+
+
+def test_every_field_documented():
+    import ast
+    import inspect
+    src = inspect.getsource(RunConfig)
+    tree = ast.parse(src).body[0]
+    body = tree.body  # type: ignore[attr-defined]
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            nxt = body[i + 1]
+            assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), \
+                f"field {node.target.id} has no docstring"
+
+
+def test_labels_and_round_trip():
+    c = RunConfig(batch_size=64, num_workers=2)
+    assert c.display_label() == "bs=64 workers=2"
+    assert RunConfig(label="mine").display_label() == "mine"
+    assert RunConfig().display_label() == "default"
+    assert RunConfig.from_dict({**c.to_dict(), "future_field": 1}) == c

@@ -1,0 +1,73 @@
+"""Course build: labs/ is generated from solutions/ by nbgrader's preprocessors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perflab.course import build_lab, build_labs, graded_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_labs_are_up_to_date():
+    stale = build_labs(ROOT / "solutions", ROOT / "labs", check=True)
+    assert not stale, f"labs/ differs from solutions/: run `perflab course build` ({stale})"
+
+
+@pytest.mark.parametrize("solution", sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")),
+                         ids=lambda p: p.name)
+def test_student_version_hides_solutions(solution):
+    student = nbformat.reads(build_lab(solution), as_version=4)
+    src = "\n".join(c.source for c in student.cells)
+    assert "### BEGIN SOLUTION" not in src and "### BEGIN HIDDEN TESTS" not in src
+    assert "# YOUR CODE HERE" in src and "raise NotImplementedError()" in src
+    assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code")
+    ref = nbformat.read(str(solution), as_version=4)
+    assert graded_cells(student) == graded_cells(ref) and len(graded_cells(ref)) >= 3
+
+
+def _nb(tmp_path, cells):
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python"}
+    sol = tmp_path / "solutions"
+    sol.mkdir(exist_ok=True)
+    nbformat.write(nb, str(sol / "01_x.ipynb"))
+    return sol
+
+
+def _cell(src, **nbg):
+    c = nbformat.v4.new_code_cell(src)
+    if nbg:
+        c.metadata["nbgrader"] = {"schema_version": 3, **nbg}
+    return c
+
+
+def test_build_and_check(tmp_path):
+    sol = _nb(tmp_path, [
+        _cell("x = 1\n### BEGIN SOLUTION\nx = 2\n### END SOLUTION", solution=True,
+              grade=False, locked=False, grade_id="s1"),
+        _cell("assert x == 2\n### BEGIN HIDDEN TESTS\nassert x > 1\n### END HIDDEN TESTS",
+              grade=True, solution=False, locked=True, grade_id="c1", points=1),
+    ])
+    labs = tmp_path / "labs"
+    assert build_labs(sol, labs, check=True) == [labs / "01_x.ipynb"]
+    assert build_labs(sol, labs) == [labs / "01_x.ipynb"]
+    assert build_labs(sol, labs, check=True) == []
+    text = (labs / "01_x.ipynb").read_text()
+    assert "x = 2" not in text and "assert x > 1" not in text and "assert x == 2" in text
+
+
+def test_build_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no solution notebooks"):
+        build_labs(tmp_path / "none", tmp_path / "labs")
+    sol = _nb(tmp_path, [_cell("x = 1")])
+    with pytest.raises(ValueError, match="no graded cells"):
+        build_labs(sol, tmp_path / "labs")
+    sol = _nb(tmp_path, [
+        _cell("### BEGIN SOLUTION\nx = 2\n### END SOLUTION"),
+        _cell("assert x", grade=True, solution=False, grade_id="c", points=1),
+    ])
+    with pytest.raises(ValueError, match="non-solution cell"):
+        build_labs(sol, tmp_path / "labs")

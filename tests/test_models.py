@@ -1,0 +1,99 @@
+"""ResNet-18 is torchvision's, key for key and shape for shape."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from perflab.models import build_model, resnet18, tiny_cnn
+
+
+def _torchvision_resnet18_layout(num_classes: int) -> dict[str, tuple[int, ...]]:
+    """The state_dict layout of torchvision.models.resnet18, written from its definition
+    (He et al. 2016, table 1), independent of perflab's code."""
+    out: dict[str, tuple[int, ...]] = {}
+
+    def bn(prefix: str, c: int) -> None:
+        for k in ("weight", "bias", "running_mean", "running_var"):
+            out[f"{prefix}.{k}"] = (c,)
+        out[f"{prefix}.num_batches_tracked"] = ()
+
+    out["conv1.weight"] = (64, 3, 7, 7)
+    bn("bn1", 64)
+    cin = 64
+    for layer, c in enumerate((64, 128, 256, 512), start=1):
+        for block in range(2):
+            p = f"layer{layer}.{block}"
+            out[f"{p}.conv1.weight"] = (c, cin if block == 0 else c, 3, 3)
+            bn(f"{p}.bn1", c)
+            out[f"{p}.conv2.weight"] = (c, c, 3, 3)
+            bn(f"{p}.bn2", c)
+            if block == 0 and layer > 1:
+                out[f"{p}.downsample.0.weight"] = (c, cin, 1, 1)
+                bn(f"{p}.downsample.1", c)
+        cin = c
+    out["fc.weight"] = (num_classes, 512)
+    out["fc.bias"] = (num_classes,)
+    return out
+
+
+def test_parameter_count_matches_torchvision():
+    assert sum(p.numel() for p in resnet18(1000).parameters()) == 11_689_512
+
+
+@pytest.mark.parametrize("num_classes", [1000, 10])
+def test_state_dict_layout(num_classes):
+    sd = resnet18(num_classes).state_dict()
+    expected = _torchvision_resnet18_layout(num_classes)
+    assert list(sd) == list(expected)  # same keys in the same order
+    assert {k: tuple(v.shape) for k, v in sd.items()} == expected
+
+
+def test_loads_a_torchvision_style_checkpoint():
+    src = resnet18(10)
+    dst = resnet18(10)
+    dst.load_state_dict(src.state_dict(), strict=True)
+    x = torch.randn(2, 3, 64, 64)
+    src.eval(), dst.eval()
+    torch.testing.assert_close(src(x), dst(x))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
+                    reason="torchvision is not installed (it cannot import with CPU-only torch)")
+def test_matches_torchvision_when_present():
+    try:
+        import torchvision
+    except Exception as e:  # installed but broken (e.g. CUDA wheel on CPU torch)
+        pytest.skip(f"torchvision does not import here: {e}")
+    tv = torchvision.models.resnet18(num_classes=10).state_dict()
+    ours = resnet18(10).state_dict()
+    assert list(tv) == list(ours)
+    assert all(tv[k].shape == ours[k].shape for k in tv)
+    resnet18(10).load_state_dict(tv)
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_forward_shapes(size):
+    model = resnet18(10)
+    assert model(torch.randn(2, 3, size, size)).shape == (2, 10)
+    assert tiny_cnn(7)(torch.randn(2, 3, size, size)).shape == (2, 7)
+
+
+def test_stages_cover_the_network():
+    m = resnet18(10).eval()
+    x = torch.randn(2, 3, 64, 64)
+    h = x
+    for s in m.stages():
+        h = s(h)
+    h = m.fc(torch.flatten(m.avgpool(h), 1))
+    torch.testing.assert_close(h, m(x))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="unknown model 'vgg'"):
+        build_model("vgg", 10)
+    with pytest.raises(ValueError, match="num_classes must be >= 1"):
+        resnet18(0)
+    with pytest.raises(ValueError, match="num_classes must be >= 1"):
+        tiny_cnn(0)

@@ -1,0 +1,98 @@
+"""run(config) -> RunResult: phases add up, results survive a restart, errors come first."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from perflab import RunConfig, RunResult, run
+from perflab.result import PHASES
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tiny_dataset, tmp_path_factory):
+    os.environ["PERFLAB_RESULTS"] = str(tmp_path_factory.mktemp("results"))
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=6, warmup_steps=2)
+    try:
+        return run(cfg, progress=False)
+    finally:
+        del os.environ["PERFLAB_RESULTS"]
+
+
+def test_phases_add_up_to_step(tiny_result):
+    r = tiny_result
+    assert set(PHASES) <= set(r.phases)
+    total = sum(r.phases[p].mean for p in PHASES)
+    assert abs(total - r.step.mean) <= 0.05 * r.step.mean
+    assert sum(r.phase_shares().values()) == pytest.approx(1.0)
+    assert all(r.phases[p].n == 6 and len(r.phases[p].warmup_s) == 2 for p in PHASES)
+
+
+def test_result_contents(tiny_result):
+    r = tiny_result
+    assert len(r.losses) == 8 and all(torch.isfinite(torch.tensor(r.losses)))
+    assert r.num_classes == 10
+    assert r.samples_per_s == pytest.approx(4 / r.step.median)
+    lo, hi = r.samples_per_s_ci95
+    assert lo <= r.samples_per_s <= hi
+    assert r.peak_memory.peak_bytes > 0 and "RSS" in r.peak_memory.kind
+    assert r.env["device"] == "cpu" and r.env["torch"] == torch.__version__
+    table = r.phase_table()
+    assert list(table.index) == [*PHASES, "other", "step"]
+    assert "0x" not in repr(r) and "samples/s" in repr(r)
+
+
+def test_saved_json_round_trip(tiny_result):
+    assert tiny_result.path and tiny_result.path.endswith(".json")
+    loaded = RunResult.load(tiny_result.path)
+    assert loaded.to_dict() == tiny_result.to_dict()
+    assert loaded.step.median == tiny_result.step.median
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        RunResult.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        RunResult.load(bad)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema": 0}))
+    with pytest.raises(ValueError, match="schema"):
+        RunResult.load(old)
+
+
+def test_same_seed_same_losses(tiny_dataset, results_dir):
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=2, warmup_steps=0, seed=3)
+    a = run(cfg, progress=False, save=False)
+    b = run(cfg, progress=False, save=False)
+    assert a.losses == b.losses
+
+
+def test_threads_restored(tiny_dataset, results_dir):
+    before = torch.get_num_threads()
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=2, warmup_steps=0, threads=1)
+    r = run(cfg, progress=False, save=False)
+    assert r.env["torch_threads"] == 1
+    assert torch.get_num_threads() == before
+
+
+def test_workers_run(tiny_dataset, results_dir):
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=3, warmup_steps=1, num_workers=1, persistent_workers=True,
+                    prefetch_factor=2)
+    assert run(cfg, progress=False).step.n == 3
+
+
+def test_bad_dataset_fails_before_training(tmp_path, results_dir):
+    (tmp_path / "train" / "cls").mkdir(parents=True)
+    (tmp_path / "train" / "cls" / "broken.jpg").write_bytes(b"not a jpeg")
+    cfg = RunConfig(model="tiny", dataset=str(tmp_path), batch_size=2)
+    with pytest.raises(ValueError, match="broken.jpg"):
+        run(cfg, progress=False)
+    assert not results_dir.exists()  # nothing was run, nothing saved
