@@ -73,7 +73,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from perflab.profiling import diagnose
+    from perflab.diagnosis import diagnose
     from perflab.train import run
 
     config = _config_from(args)

@@ -192,7 +192,7 @@ class RunConfig:
 #: Named presets. ``quick``: a measured run in <= 30 s on a 2-core CPU.
 #: ``full``: ImageNet-sized crops for a GPU.
 PRESETS: dict[str, dict[str, Any]] = {
-    "quick": dict(image_size=64, batch_size=32, steps=12, warmup_steps=3),
+    "quick": dict(image_size=64, batch_size=32, steps=20, warmup_steps=3),
     "full": dict(image_size=224, batch_size=128, steps=50, warmup_steps=10, num_workers=8,
                  persistent_workers=True),
 }

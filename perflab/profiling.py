@@ -26,131 +26,15 @@ import pandas as pd
 import torch
 
 from perflab.config import RunConfig
-from perflab.result import PHASES, RunResult, default_results_dir
+from perflab.diagnosis import Diagnosis, diagnose
+from perflab.result import RunResult, default_results_dir
 from perflab.trace import load_trace, phase_times
 
 __all__ = ["profile", "ProfileSummary", "cprofile_loader", "line_profile_dataset",
-           "memory_profile_step", "diagnose", "Diagnosis", "DATA_WAIT_SHARE",
-           "MEMORY_FRACTION", "COMM_SHARE", "OPTIMIZER_SHARE", "TOP_OPS_COLUMNS"]
-
-#: Data-wait share of the mean step at or above which the input pipeline is the bottleneck.
-DATA_WAIT_SHARE = 0.20
-#: Peak CUDA memory / device total at or above which memory is the bottleneck.
-MEMORY_FRACTION = 0.90
-#: Share of a "comm" phase at or above which communication is the bottleneck.
-COMM_SHARE = 0.20
-#: Optimizer share at or above which a note suggests foreach / fused optimizers.
-OPTIMIZER_SHARE = 0.25
+           "memory_profile_step", "diagnose", "Diagnosis", "TOP_OPS_COLUMNS"]
 
 TOP_OPS_COLUMNS = ("name", "calls", "self_cpu_ms", "cpu_total_ms", "self_cpu_pct",
                    "self_device_ms", "device_total_ms")
-_LABS = {"input pipeline": ("Lab 02: Fix data loading",),
-         "memory": ("Lab 04: Activation checkpointing",),
-         "communication": ("Lab 06: DDP overlap",),
-         "compute": ("Lab 03: Mixed precision", "Lab 05: torch.compile")}
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """What limits a run and which lab fixes it (made by :func:`diagnose`).
-
-    Attributes: ``dominant_phase`` (largest of data/forward/backward/optimizer),
-    ``shares`` (fraction of the mean step per phase, ``comm`` included when present),
-    ``bottleneck`` ("input pipeline", "memory", "communication" or "compute"), ``labs``,
-    ``reason`` (a sentence with the measured numbers), ``thresholds`` (fractions, by
-    name), ``notes`` (secondary findings).
-    """
-
-    dominant_phase: str
-    shares: dict[str, float]
-    bottleneck: str
-    labs: tuple[str, ...]
-    reason: str
-    thresholds: dict[str, float]
-    notes: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        shares = ", ".join(f"{p} {100 * s:.0f} %" for p, s in self.shares.items())
-        dom = f"{self.dominant_phase} {100 * self.shares[self.dominant_phase]:.0f} %"
-        return "\n".join([f"Diagnosis: {self.bottleneck} bound (dominant phase: {dom})",
-                          f"  shares: {shares}", f"  why: {self.reason}",
-                          f"  next: {'; '.join(self.labs)}",
-                          *(f"  note: {n}" for n in self.notes),
-                          "  thresholds: " + ", ".join(f"{k} {v:g}" for k, v
-                                                       in self.thresholds.items())])
-
-
-def diagnose(result: RunResult, *, device_total_bytes: int | None = None) -> Diagnosis:
-    """Name the dominant phase and the bottleneck of ``result``, with the lab that fixes it.
-
-    First matching rule wins (shares are fractions of the mean step time):
-
-    1. data-wait share >= ``DATA_WAIT_SHARE`` (0.20) -> "input pipeline", Lab 02;
-    2. CUDA peak allocated memory >= ``MEMORY_FRACTION`` (0.90) of the device's total
-       -> "memory", Lab 04;
-    3. ``config.world_size`` > 1 and a ``comm`` phase with share >= ``COMM_SHARE`` (0.20)
-       -> "communication", Lab 06;
-    4. otherwise "compute" -> Lab 03 (mixed precision) and Lab 05 (torch.compile).
-
-    An optimizer share >= ``OPTIMIZER_SHARE`` (0.25) adds a note (foreach/fused optimizers).
-
-    ``device_total_bytes``: the GPU's memory, bytes; None -> from ``torch.cuda`` when the
-    run's GPU is in this machine (else rule 2 is skipped, with a note).
-
-    Raises:
-        ValueError: the result has none of the phases data/forward/backward/optimizer.
-    """
-    shares = dict(result.phase_shares())
-    if "comm" in result.phases:
-        shares["comm"] = result.phases["comm"].mean / result.step.mean
-    main = {p: shares[p] for p in PHASES if p in shares}
-    if not main:
-        raise ValueError(f"result {result.label!r} has none of the phases {PHASES}")
-    dominant = max(main, key=main.__getitem__)
-    data, comm = shares.get("data", 0.0), shares.get("comm", 0.0)
-    world = getattr(result.config, "world_size", 1) or 1
-    notes: list[str] = []
-    device = str(result.env.get("device", ""))
-    on_cuda = device.startswith("cuda")
-    if on_cuda and device_total_bytes is None and torch.cuda.is_available():
-        try:  # only this machine's GPU, and only if it is the one the run used
-            props = torch.cuda.get_device_properties(device)
-            if props.name == result.env.get("device_name", props.name):
-                device_total_bytes = props.total_memory
-        except (AssertionError, RuntimeError, ValueError):
-            pass
-    mem_frac = (result.peak_memory.peak_bytes / device_total_bytes
-                if on_cuda and device_total_bytes else None)
-    if on_cuda and mem_frac is None:
-        notes.append("memory not checked: the GPU's total memory is unknown here")
-
-    if data >= DATA_WAIT_SHARE:
-        bottleneck = "input pipeline"
-        reason = (f"waiting for the next batch takes {data:.0%} of the mean step "
-                  f"(>= {DATA_WAIT_SHARE:.0%}): the input pipeline starves the model")
-    elif mem_frac is not None and mem_frac >= MEMORY_FRACTION:
-        bottleneck = "memory"
-        reason = (f"peak memory {result.peak_mem_gib:.2f} GiB is {mem_frac:.0%} of the "
-                  f"GPU's {device_total_bytes / 2**30:.1f} GiB (>= {MEMORY_FRACTION:.0%}): "
-                  "no room for a larger batch or model")
-    elif world > 1 and comm >= COMM_SHARE:
-        bottleneck = "communication"
-        reason = (f"communication takes {comm:.0%} of the mean step with world_size="
-                  f"{world} (>= {COMM_SHARE:.0%}): gradient sync is not hidden by compute")
-    else:
-        bottleneck = "compute"
-        reason = (f"data wait is only {data:.0%} of the mean step (< {DATA_WAIT_SHARE:.0%})"
-                  f" and {dominant} dominates at {main[dominant]:.0%}: compute bound")
-    if shares.get("optimizer", 0.0) >= OPTIMIZER_SHARE:
-        notes.append(f"the optimizer step takes {shares['optimizer']:.0%} of the mean step "
-                     f"(>= {OPTIMIZER_SHARE:.0%}): try foreach=True or, on CUDA, fused=True")
-    thresholds = {"data_wait_share": DATA_WAIT_SHARE, "memory_fraction": MEMORY_FRACTION,
-                  "comm_share": COMM_SHARE, "optimizer_share": OPTIMIZER_SHARE}
-    return Diagnosis(dominant_phase=dominant, shares=shares, bottleneck=bottleneck,
-                     labs=_LABS[bottleneck], reason=reason, thresholds=thresholds,
-                     notes=tuple(notes))
-
-
 @dataclass(frozen=True, eq=False)
 class ProfileSummary:
     """What :func:`profile` recorded: ``top_ops`` (DataFrame, ms), ``trace_path`` (Chrome
@@ -373,6 +257,8 @@ def memory_profile_step(config: RunConfig) -> pd.DataFrame:
     Returns:
         One row per executed line: ``lineno``, ``mem_usage_mib`` (RSS after the line,
         MiB), ``increment_mib`` (change over the line, MiB), ``occurrences``, ``source``.
+        The first row (the ``def`` line) is the RSS on entry: memory_profiler counts its
+        increment from 0, so it equals ``mem_usage_mib``.
 
     Raises:
         ValueError: a bad dataset (see ``make_loader``).

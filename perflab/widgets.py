@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as W
@@ -26,6 +25,7 @@ from perflab.config import RunConfig
 from perflab.measurement import compare, compare_table
 from perflab.plots import figure_to_png, plot_comparison
 from perflab.result import RunResult
+from perflab.timing import Stopwatch
 
 __all__ = ["experiment_panel", "ExperimentPanel"]
 
@@ -132,7 +132,7 @@ class ExperimentPanel:
         self.results: list[RunResult] = []
         self.baseline_result: RunResult | None = None
         self._running = False
-        self._ended_at = -math.inf
+        self._since_end: Stopwatch | None = None  # time since the last run ended
         style = {"description_width": "initial"}
         self.controls: dict[str, W.ValueWidget] = {}
         for name, spec in specs.items():
@@ -199,7 +199,8 @@ class ExperimentPanel:
         return config
 
     def _on_click(self, _button: Any = None) -> None:
-        if self._running or time.monotonic() - self._ended_at < QUEUED_CLICK_WINDOW_S:
+        if self._running or (self._since_end is not None
+                              and self._since_end.elapsed_s < QUEUED_CLICK_WINDOW_S):
             return  # a click queued while the kernel was busy with the last run
         self.run()
 
@@ -252,7 +253,7 @@ class ExperimentPanel:
             return None
         finally:
             self._set_busy(False)
-            self._ended_at = time.monotonic()
+            self._since_end = Stopwatch().start()
 
     def _measure(self, config: RunConfig) -> RunResult:
         need_base = self._baseline_on and self.baseline_result is None

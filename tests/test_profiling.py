@@ -1,0 +1,221 @@
+"""perflab.profiling: diagnose() on hand-built results (every branch and threshold edge),
+and smoke tests of the four profilers on a tiny ImageFolder."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from perflab import profiling
+from perflab.config import RunConfig
+from perflab.measurement import Measurement
+from perflab.memory import PeakMemory
+from perflab.diagnosis import (COMM_SHARE, DATA_WAIT_SHARE, MEMORY_FRACTION,
+                               OPTIMIZER_SHARE, diagnose)
+from perflab.profiling import TOP_OPS_COLUMNS, profile
+from perflab.result import PHASES, RunResult
+
+CUDA_PEAK = "CUDA allocator peak (allocated tensors)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DDPConfig(RunConfig):
+    """A RunConfig with the world_size field later labs add."""
+
+    world_size: int = 2
+
+
+def make_result(data=0.1, forward=0.3, backward=0.4, optimizer=0.1, comm=None, *,
+                device="cpu", peak_bytes=2**30, kind="process RSS (CPU)", config=None):
+    """A RunResult whose step is exactly 1.0 s, so each phase's share is its seconds."""
+    secs = {"data": data, "forward": forward, "backward": backward, "optimizer": optimizer}
+    if comm is not None:
+        secs["comm"] = comm
+    secs["other"] = 1.0 - sum(secs.values())
+    secs["step"] = 1.0
+    phases = {k: Measurement(label=k, times_s=(v, v), samples_per_step=32)
+              for k, v in secs.items()}
+    return RunResult(config=config or RunConfig(), phases=phases, losses=(2.3, 2.2),
+                     peak_memory=PeakMemory(peak_bytes, kind),
+                     env={"device": device, "device_name": "test device"}, num_classes=10,
+                     wall_s=1.0)
+
+
+# -- diagnose ---------------------------------------------------------------------------
+def test_thresholds_are_the_documented_ones():
+    d = diagnose(make_result())
+    assert d.thresholds == {"data_wait_share": 0.20, "memory_fraction": 0.90,
+                            "comm_share": 0.20, "optimizer_share": 0.25}
+    assert (DATA_WAIT_SHARE, MEMORY_FRACTION, COMM_SHARE, OPTIMIZER_SHARE) == (
+        0.20, 0.90, 0.20, 0.25)
+
+
+@pytest.mark.parametrize("data, expected", [(0.20, "input pipeline"), (0.19, "compute")])
+def test_data_wait_edge(data, expected):
+    d = diagnose(make_result(data=data))
+    assert d.bottleneck == expected
+    assert d.shares["data"] == pytest.approx(data)
+    if expected == "input pipeline":
+        assert d.labs == ("Lab 02: Fix data loading",)
+        assert "20%" in d.reason
+    else:
+        assert d.labs == ("Lab 03: Mixed precision", "Lab 05: torch.compile")
+        assert "19%" in d.reason and "backward" in d.reason
+
+
+def test_dominant_phase_is_the_largest_of_the_four():
+    assert diagnose(make_result(data=0.5, forward=0.2, backward=0.2)).dominant_phase == "data"
+    assert diagnose(make_result(forward=0.5, backward=0.2)).dominant_phase == "forward"
+    d = diagnose(make_result())
+    assert d.dominant_phase == "backward" and set(PHASES) <= set(d.shares)
+
+
+@pytest.mark.parametrize("peak, expected", [(900, "memory"), (899, "compute")])
+def test_memory_edge_on_cuda(peak, expected):
+    r = make_result(device="cuda:0", peak_bytes=peak, kind=CUDA_PEAK)
+    d = diagnose(r, device_total_bytes=1000)
+    assert d.bottleneck == expected
+    if expected == "memory":
+        assert d.labs == ("Lab 04: Activation checkpointing",) and "90%" in d.reason
+
+
+def test_memory_is_not_judged_on_cpu():
+    d = diagnose(make_result(peak_bytes=999), device_total_bytes=1000)
+    assert d.bottleneck == "compute"
+
+
+def test_data_wait_wins_over_memory():
+    r = make_result(data=0.3, device="cuda", peak_bytes=990, kind=CUDA_PEAK)
+    assert diagnose(r, device_total_bytes=1000).bottleneck == "input pipeline"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+def test_memory_unknown_without_gpu_is_a_note():
+    d = diagnose(make_result(device="cuda", peak_bytes=10**12, kind=CUDA_PEAK))
+    assert d.bottleneck == "compute"
+    assert any("memory not checked" in n for n in d.notes)
+
+
+@pytest.mark.parametrize("comm, world, expected", [
+    (0.20, 2, "communication"), (0.19, 2, "compute"), (0.5, 1, "compute")])
+def test_communication_edge(comm, world, expected):
+    r = make_result(forward=0.2, backward=0.2, comm=comm,
+                    config=DDPConfig(world_size=world))
+    d = diagnose(r)
+    assert d.bottleneck == expected
+    assert d.shares["comm"] == pytest.approx(comm)
+    if expected == "communication":
+        assert d.labs == ("Lab 06: DDP overlap",) and "world_size=2" in d.reason
+
+
+def test_comm_without_world_size_field_is_compute():
+    assert diagnose(make_result(comm=0.15, forward=0.1)).bottleneck == "compute"
+
+
+@pytest.mark.parametrize("opt, noted", [(0.25, True), (0.24, False)])
+def test_optimizer_note_edge(opt, noted):
+    d = diagnose(make_result(optimizer=opt, data=0.05))
+    assert d.bottleneck == "compute"
+    assert any("optimizer" in n and "25%" in n for n in d.notes) is noted
+
+
+def test_diagnosis_repr_is_readable():
+    text = repr(diagnose(make_result(optimizer=0.3, data=0.05, backward=0.35)))
+    assert text.startswith("Diagnosis: compute bound (dominant phase: backward 35 %)")
+    assert "note:" in text and "thresholds:" in text and "0x" not in text
+
+
+# -- profilers on a tiny dataset --------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> RunConfig:
+    from perflab.dataset import build_dataset
+
+    root = tmp_path_factory.mktemp("profiling-data")
+    build_dataset(root, train_per_class=2, val_per_class=1, min_side=40, max_side=48,
+                  processes=1, progress=False)
+    return RunConfig(model="tiny", image_size=32, batch_size=4, steps=2, warmup_steps=0,
+                     dataset=str(root / "photo-patches"))
+
+
+@pytest.fixture(scope="module")
+def summary(tiny_config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("traces")
+    return profile(tiny_config, trace_dir=out, tensorboard=True, progress=False)
+
+
+def test_profile_writes_a_trace_with_the_phases(summary):
+    path = Path(summary.trace_path)
+    assert path.is_file() and path.suffix == ".json"
+    assert list(summary.phases.index) == list(PHASES)
+    assert (summary.phases["count"] == 3).all()  # active=3 profiled steps
+    assert (summary.phases["total_ms"] > 0).all()
+    assert summary.result.step.n == 3 and summary.result.config.warmup_steps == 2
+
+
+def test_profile_top_ops(summary):
+    ops = summary.top_ops
+    assert list(ops.columns) == list(TOP_OPS_COLUMNS) and 0 < len(ops) <= 15
+    assert not ops["name"].str.startswith(("perflab:", "ProfilerStep")).any()
+    assert ops["self_cpu_ms"].is_monotonic_decreasing
+    assert (ops["self_device_ms"] == 0).all()  # CPU run
+    assert ops["name"].str.startswith("aten::").any()
+
+
+def test_profile_tensorboard_and_repr(summary):
+    files = list(Path(summary.tensorboard_dir).glob("*.pt.trace.json"))
+    assert len(files) == 1
+    assert "ui.perfetto.dev" in summary.how_to_open()
+    assert "tensorboard --logdir" in summary.how_to_open()
+    text = repr(summary)
+    assert text.startswith("ProfileSummary") and "0x" not in text
+    assert summary.diagnosis.bottleneck in {"input pipeline", "compute"}
+
+
+def test_profile_active_one(tiny_config, tmp_path):
+    s = profile(tiny_config, wait=0, warmup=1, active=1, row_limit=3, trace_dir=tmp_path,
+                progress=False)
+    assert (s.phases["count"] == 1).all() and len(s.top_ops) == 3
+    assert s.tensorboard_dir is None and "TensorBoard" not in s.how_to_open()
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(wait=-1), "wait"), (dict(warmup=-1), "warmup"), (dict(active=0), "active"),
+    (dict(row_limit=0), "row_limit"), (dict(active=1.5), "active")])
+def test_profile_rejects_bad_schedule_before_work(kwargs, name, tmp_path):
+    out = tmp_path / "traces"
+    with pytest.raises(ValueError, match=f"^{name} must be an int"):
+        profile(RunConfig(model="tiny"), trace_dir=out, **kwargs)
+    assert not out.exists()
+
+
+def test_cprofile_loader(tiny_config):
+    df = profiling.cprofile_loader(tiny_config, batches=2)
+    assert list(df.columns) == ["function", "ncalls", "tottime_s", "cumtime_s",
+                                "percall_ms"]
+    assert 0 < len(df) <= 20 and df["tottime_s"].is_monotonic_decreasing
+    assert (df["ncalls"] >= 1).all()
+    with pytest.raises(ValueError, match="batches"):
+        profiling.cprofile_loader(tiny_config, batches=0)
+
+
+def test_line_profile_dataset(tiny_config):
+    df = profiling.line_profile_dataset(tiny_config, samples=4)
+    assert list(df.columns) == ["function", "lineno", "hits", "time_ms", "per_hit_us",
+                                "pct_of_function", "source"]
+    assert df["function"].str.contains("__getitem__").any()
+    assert df["function"].str.contains("random_resized_crop").any()
+    assert (df["hits"] >= 1).all() and (df["source"] != "").all()
+    for _, pct in df.groupby("function")["pct_of_function"]:
+        assert pct.sum() == pytest.approx(100)
+    with pytest.raises(ValueError, match="samples"):
+        profiling.line_profile_dataset(tiny_config, samples=0)
+
+
+def test_memory_profile_step(tiny_config):
+    df = profiling.memory_profile_step(tiny_config)
+    assert list(df.columns) == ["lineno", "mem_usage_mib", "increment_mib", "occurrences",
+                                "source"]
+    assert len(df) > 0 and (df["mem_usage_mib"] > 0).all()
+    assert df["source"].str.contains("loss.backward()", regex=False).any()
