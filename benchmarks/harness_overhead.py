@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.benchmark as tbench
 
-from perflab import RunConfig, measure, run
+from perflab import Measurement, RunConfig, compare, measure, run
 from perflab.data import infinite_batches
 from perflab.train import build_training, train_step
 
@@ -41,7 +41,7 @@ def hand_loop_step_times(config: RunConfig) -> list[float]:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        float(loss)
+        loss.item()
         if i >= config.warmup_steps:
             times.append(time.perf_counter() - t0)
     batches.close()
@@ -67,6 +67,9 @@ def main() -> None:
     r1 = statistics.median(perflab_steps) / statistics.median(hand_steps)
     print(f"run() median step {statistics.median(perflab_steps) * 1e3:.2f} ms, hand loop "
           f"{statistics.median(hand_steps) * 1e3:.2f} ms -> ratio {r1:.4f} (target <= 1.02)")
+    c = compare(Measurement("run()", tuple(perflab_steps)),
+                Measurement("hand loop", tuple(hand_steps)))
+    print(f"  hand loop vs run(): speedup 95 % CI {c.ci95[0]:.3f}-{c.ci95[1]:.3f}x; {c.verdict}")
 
     loader, model, opt, device = build_training(config)
     x, y = next(iter(loader))
@@ -74,7 +77,9 @@ def main() -> None:
     ours, theirs = [], []
     for _ in range(args.rounds):
         ours += measure(step, warmup=3, repeats=args.steps).times_s
-        timer = tbench.Timer(stmt="step()", globals={"step": step})
+        # Timer defaults to num_threads=1; give it the threads perflab.measure runs with.
+        timer = tbench.Timer(stmt="step()", globals={"step": step},
+                             num_threads=torch.get_num_threads())
         theirs += [timer.timeit(1).median for _ in range(args.steps)]
     r2 = statistics.median(ours) / statistics.median(theirs)
     print(f"perflab.measure median {statistics.median(ours) * 1e3:.2f} ms, "
