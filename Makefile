@@ -23,7 +23,7 @@ demo: setup
 	$(VENV)/bin/perflab run --preset quick
 
 test: setup
-	$(VENV)/bin/perflab data
+	$(VENV)/bin/perflab data --quiet
 	$(PY) -m pytest
 
 labs: setup

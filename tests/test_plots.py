@@ -6,28 +6,18 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from perflab.config import RunConfig
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory
 from perflab.plots import (PHASE_COLORS, figure_to_png, plot_comparison, plot_phases,
                            plot_throughput)
 from perflab.result import RunResult
+from synthetic import synthetic_result
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def synth(config: RunConfig, data_ms: float, n: int = 8) -> RunResult:
-    """Phases data/forward/backward/optimizer/other in ms, each +-1 % around a fixed value."""
-    parts = {"data": data_ms, "forward": 40.0, "backward": 80.0, "optimizer": 10.0,
-             "other": 1.0}
-    jitter = [1 + 0.01 * ((i * 7) % 5 - 2) for i in range(n)]  # deterministic spread
-    times = {k: tuple(v * 1e-3 * j for j in jitter) for k, v in parts.items()}
-    step = tuple(sum(t[i] for t in times.values()) for i in range(n))
-    phases = {k: Measurement(label=k, times_s=t, samples_per_step=config.batch_size)
-              for k, t in {**times, "step": step}.items()}
-    return RunResult(config=config, phases=phases, losses=(2.3,) * n,
-                     peak_memory=PeakMemory(10 ** 9, "test"),
-                     env={"device": "cpu", "device_name": "Test CPU"}, num_classes=10,
-                     wall_s=1.0, created="2025-01-01T00:00:00+00:00")
+    """Phases data/forward/backward/optimizer/other in ms, each +-2 % around a fixed value."""
+    return synthetic_result(config, {"data": data_ms, "forward": 40.0, "backward": 80.0,
+                                     "optimizer": 10.0, "other": 1.0}, n=n)
 
 
 @pytest.fixture

@@ -6,9 +6,8 @@ import pytest
 
 from perflab import widgets
 from perflab.config import RunConfig
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory
 from perflab.result import RunResult
+from synthetic import synthetic_result
 from perflab.widgets import ExperimentPanel, experiment_panel
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -17,19 +16,9 @@ BASE = RunConfig(device="cpu", model="tiny", batch_size=8, steps=6, warmup_steps
 
 def synth(config: RunConfig) -> RunResult:
     """A RunResult whose data time falls with num_workers (fixed numbers, ms)."""
-    n = config.steps
-    data_ms = 60.0 / (1 + config.num_workers)
-    parts = {"data": data_ms, "forward": 40.0, "backward": 80.0, "optimizer": 10.0,
-             "other": 1.0}
-    jitter = [1 + 0.01 * ((i * 7) % 5 - 2) for i in range(n)]
-    times = {k: tuple(v * 1e-3 * j for j in jitter) for k, v in parts.items()}
-    step = tuple(sum(t[i] for t in times.values()) for i in range(n))
-    phases = {k: Measurement(label=k, times_s=t, samples_per_step=config.batch_size)
-              for k, t in {**times, "step": step}.items()}
-    return RunResult(config=config, phases=phases, losses=(2.3,) * n,
-                     peak_memory=PeakMemory(10 ** 9, "test"),
-                     env={"device": "cpu", "device_name": "Test CPU"}, num_classes=10,
-                     wall_s=1.0, created="2025-01-01T00:00:00+00:00")
+    return synthetic_result(config, {"data": 60.0 / (1 + config.num_workers), "forward": 40.0,
+                                     "backward": 80.0, "optimizer": 10.0, "other": 1.0},
+                            n=config.steps)
 
 
 class FakeRun:

@@ -1,0 +1,23 @@
+"""Synthetic RunResults with fixed numbers, for tests that need no training."""
+from __future__ import annotations
+
+from perflab.config import RunConfig
+from perflab.measurement import Measurement
+from perflab.memory import PeakMemory
+from perflab.result import RunResult
+
+
+def synthetic_result(config: RunConfig, phase_ms: dict[str, float], *, n: int = 8,
+                     jitter: bool = True, peak_bytes: int = 10 ** 9,
+                     peak_kind: str = "test", env: dict | None = None) -> RunResult:
+    """A RunResult whose phases take ``phase_ms`` (ms) per step, each within +-2 %
+    (a fixed, deterministic spread) when ``jitter``; step = the phases' sum."""
+    spread = [1 + 0.01 * ((i * 7) % 5 - 2) if jitter else 1.0 for i in range(n)]
+    times = {k: tuple(v * 1e-3 * j for j in spread) for k, v in phase_ms.items()}
+    step = tuple(sum(t[i] for t in times.values()) for i in range(n))
+    phases = {k: Measurement(label=k, times_s=t, samples_per_step=config.batch_size)
+              for k, t in {**times, "step": step}.items()}
+    return RunResult(config=config, phases=phases, losses=(2.3,) * n,
+                     peak_memory=PeakMemory(peak_bytes, peak_kind),
+                     env=env or {"device": "cpu", "device_name": "Test CPU"}, num_classes=10,
+                     wall_s=1.0, created="2025-01-01T00:00:00+00:00")
