@@ -18,6 +18,10 @@ def _parse_optional_int(text: str) -> int | None:
     return None if text.lower() in ("none", "off") else int(text)
 
 
+def _parse_str_or_int(text: str) -> str | int:
+    return int(text) if text.isdigit() else text
+
+
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     from perflab.config import PRESETS, RunConfig
 
@@ -37,6 +41,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=float, **kw)
         elif hint == (int | None) or hint == typing.Optional[int]:
             p.add_argument(flag, type=_parse_optional_int, metavar="INT|none", **kw)
+        elif hint == (str | int):
+            p.add_argument(flag, type=_parse_str_or_int, metavar="NAME|INT", **kw)
         else:
             choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal \
                 else None

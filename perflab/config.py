@@ -19,6 +19,9 @@ __all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES"]
 
 MODELS = ("resnet18", "tiny")
 DEVICES = ("auto", "cpu", "cuda", "mps")
+AMP_MODES = ("off", "bf16", "fp16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
+                 "max-autotune-no-cudagraphs")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -95,6 +98,21 @@ class RunConfig:
     seed: int = 0
     """Seeds model init, shuffling and augmentation."""
 
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    """Mixed precision with ``torch.autocast``: "bf16", or "fp16" with
+    ``torch.amp.GradScaler`` (CUDA only); "off" = fp32."""
+
+    channels_last: bool = False
+    """NHWC memory format for the model and its inputs (``torch.channels_last``)."""
+
+    checkpointing: str | int = "none"
+    """Activation checkpointing (``use_reentrant=False``): "none", "per_stage" (the stem
+    and each ResNet layer group) or an int N of segments (``checkpoint_sequential``)."""
+
+    compile: Literal["off", "default", "reduce-overhead", "max-autotune",
+                     "max-autotune-no-cudagraphs"] = "off"
+    """``torch.compile`` mode; "off" = eager."""
+
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -130,16 +148,42 @@ class RunConfig:
         need(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
              f"threads must be None or an int >= 1, got {self.threads!r}")
         need(isinstance(self.seed, int), f"seed must be an int, got {self.seed!r}")
+        need(self.amp in AMP_MODES, f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+        need(self.compile in COMPILE_MODES,
+             f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        ckpt = self.checkpointing
+        need(ckpt in ("none", "per_stage")
+             or (isinstance(ckpt, int) and not isinstance(ckpt, bool) and ckpt >= 1),
+             f"checkpointing must be 'none', 'per_stage' or an int >= 1 (segments), "
+             f"got {ckpt!r}")
+        need(ckpt == "none" or self.model == "resnet18",
+             f"checkpointing={ckpt!r} needs model='resnet18' (the tiny model has no stages)")
+        need(not (isinstance(ckpt, int) and ckpt > 5),
+             f"checkpointing={ckpt} segments, but ResNet-18 has 5 stages; use 1..5")
         if self.dataset is not None:
             p = Path(self.dataset).expanduser()
             need(p.is_dir(), f"dataset={self.dataset!r} is not a directory; pass an "
                  "ImageFolder root, or dataset=None for the embedded set (`perflab data`)")
-        if self.pin_memory:
-            dev = resolve_device(self.device)
-            need(dev.type == "cuda",
-                 f"pin_memory=True needs a CUDA device; on {dev.type} set pin_memory=False")
-        elif self.device != "auto":
-            resolve_device(self.device)  # raises when the named device is missing
+        needs_device = (self.pin_memory or self.amp != "off"
+                        or self.compile in ("reduce-overhead", "max-autotune"))
+        if needs_device or self.device != "auto":
+            dev = resolve_device(self.device)  # raises when the named device is missing
+            self._check_device_support(dev, need)
+
+    def _check_device_support(self, dev: torch.device, need: Any) -> None:
+        """Combinations the resolved device cannot run, each naming what to use instead."""
+        need(not self.pin_memory or dev.type == "cuda",
+             f"pin_memory=True needs a CUDA device; on {dev.type} set pin_memory=False")
+        need(self.amp != "fp16" or dev.type == "cuda",
+             f"amp='fp16' needs a CUDA device; on this {dev.type} use amp='bf16' or 'off'")
+        if self.amp == "bf16" and dev.type == "cuda":
+            need(torch.cuda.is_bf16_supported(),
+                 "amp='bf16' needs compute capability >= 8.0; on this GPU use amp='fp16'")
+        need(not (self.amp == "bf16" and dev.type == "mps"),
+             "amp='bf16' is not supported by perflab on MPS; use amp='off'")
+        need(self.compile not in ("reduce-overhead", "max-autotune") or dev.type == "cuda",
+             f"compile={self.compile!r} uses CUDA graphs and needs a CUDA device; on "
+             f"{dev.type} use compile='default' or 'max-autotune-no-cudagraphs'")
 
     # ------------------------------------------------------------------------------------
     @classmethod

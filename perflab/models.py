@@ -10,8 +10,11 @@ every machine, and one definition everywhere keeps measurements comparable.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 __all__ = ["BasicBlock", "ResNet", "resnet18", "tiny_cnn", "build_model"]
 
@@ -68,17 +71,48 @@ class ResNet(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def stages(self) -> list[nn.Module]:
-        """The stem and the four layer groups in order (for per-stage checkpointing)."""
-        stem = nn.Sequential(self.conv1, self.bn1, self.relu, self.maxpool)
-        return [stem, self.layer1, self.layer2, self.layer3, self.layer4]
+        self.checkpointing: str | int = "none"
+
+    def _stem(self, x: torch.Tensor) -> torch.Tensor:
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+
+    def stages(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+        """The stem and the four layer groups in order: the units of checkpointing."""
+        return [self._stem, self.layer1, self.layer2, self.layer3, self.layer4]
+
+    def set_checkpointing(self, mode: str | int) -> "ResNet":
+        """Recompute activations in backward instead of saving them (``use_reentrant=False``).
+
+        ``"none"``; ``"per_stage"``: each of the 5 stages through
+        ``torch.utils.checkpoint.checkpoint``; an int N: ``checkpoint_sequential`` with N
+        segments, which (as PyTorch documents) leaves the *last* segment un-checkpointed.
+        Gradients are unchanged; BatchNorm running statistics are updated again during
+        recomputation (train mode), as with any checkpointed BatchNorm.
+        Source: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost".
+
+        Raises:
+            ValueError: an unknown mode or a segment count outside 1..5.
+        """
+        ok = mode in ("none", "per_stage") or (
+            isinstance(mode, int) and not isinstance(mode, bool) and 1 <= mode <= 5)
+        if not ok:
+            raise ValueError(f"checkpointing must be 'none', 'per_stage' or 1..5 segments, "
+                             f"got {mode!r}")
+        self.checkpointing = mode
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # (B, 64, H/4, W/4)
-        x = self.layer1(x)                                    # (B, 64, H/4, W/4)
-        x = self.layer2(x)                                    # (B, 128, H/8, W/8)
-        x = self.layer3(x)                                    # (B, 256, H/16, W/16)
-        x = self.layer4(x)                                    # (B, 512, H/32, W/32)
+        # stem (B, 64, H/4, W/4) -> layer1 (B, 64, H/4, W/4) -> layer2 (B, 128, H/8, W/8)
+        # -> layer3 (B, 256, H/16, W/16) -> layer4 (B, 512, H/32, W/32)
+        stages = self.stages()
+        if self.checkpointing == "none" or not torch.is_grad_enabled():
+            for stage in stages:
+                x = stage(x)
+        elif self.checkpointing == "per_stage":
+            for stage in stages:
+                x = checkpoint(stage, x, use_reentrant=False)
+        else:
+            x = checkpoint_sequential(stages, self.checkpointing, x, use_reentrant=False)
         x = torch.flatten(self.avgpool(x), 1)                 # (B, 512)
         return self.fc(x)                                     # (B, num_classes)
 

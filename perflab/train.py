@@ -22,7 +22,10 @@ from perflab.models import build_model
 from perflab.result import RunResult
 from perflab.timing import PhaseTimer, Stopwatch
 
-__all__ = ["run", "train_step", "build_training"]
+__all__ = ["run", "train_step", "build_training", "AMP_DTYPES"]
+
+#: autocast dtype per ``RunConfig.amp`` mode (None = fp32, autocast disabled).
+AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class _NoTimer:
@@ -34,33 +37,50 @@ class _NoTimer:
 
 
 def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-               optimizer: torch.optim.Optimizer, timer: Any = None) -> torch.Tensor:
+               optimizer: torch.optim.Optimizer, timer: Any = None, *, amp: str = "off",
+               scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
     """One optimisation step: forward, loss, backward, optimizer step.
 
+    Mixed precision follows the PyTorch AMP recipe ("Automatic Mixed Precision
+    examples"): forward and loss under ``torch.autocast``, backward outside it; with a
+    ``GradScaler`` (fp16) the loss is scaled before backward and the scaler steps the
+    optimizer (skipping steps whose gradients overflowed) and updates its scale.
+
     Args:
-        model: maps (B, 3, H, W) float32 images to (B, num_classes) logits.
+        model: maps (B, 3, H, W) float images to (B, num_classes) logits.
         x: images, (B, 3, H, W) float32 on the model's device.
         y: class indices, (B,) int64 on the same device.
         optimizer: updates ``model``'s parameters.
         timer: a :class:`PhaseTimer` with an open step, or None.
+        amp: "off" (fp32), "bf16" or "fp16" (autocast dtype, see ``AMP_DTYPES``).
+        scaler: a ``torch.amp.GradScaler`` (needed for fp16), or None.
 
     Returns:
         The loss, a detached 0-d float32 tensor on the device (read it after the step).
     """
     timer = timer or _NoTimer()
     with timer.phase("forward"):
-        logits = model(x)                      # (B, num_classes)
-        loss = F.cross_entropy(logits, y)      # mean over the batch
+        with torch.autocast(x.device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):
+            logits = model(x)                      # (B, num_classes), low precision
+            loss = F.cross_entropy(logits, y)      # autocast runs it in fp32
     with timer.phase("backward"):
-        loss.backward()
+        (scaler.scale(loss) if scaler else loss).backward()
     with timer.phase("optimizer"):
-        optimizer.step()
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    return loss.detach().float()
 
 
 def build_training(config: RunConfig):
-    """Data loader, model and optimizer for ``config``, seeded; data is validated first.
+    """Data loader, model and optimizer for ``config``, seeded.
+
+    The dataset is validated first, before any model work. The model gets
+    ``config.checkpointing``, ``channels_last`` and ``torch.compile(mode=...)`` applied
+    (compilation itself happens lazily, in the first steps).
 
     Returns:
         (loader, model, optimizer, device) with the model on ``device`` in train mode.
@@ -70,7 +90,14 @@ def build_training(config: RunConfig):
     loader = make_loader(config)  # validates the dataset before any model work
     num_classes = len(loader.dataset.classes)
     model = build_model(config.model, num_classes).to(device).train()
+    if config.checkpointing != "none":
+        model.set_checkpointing(config.checkpointing)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    if config.compile != "off":
+        model = torch.compile(model, mode=None if config.compile == "default"
+                              else config.compile)
     return loader, model, optimizer, device
 
 
@@ -103,6 +130,9 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
     try:
         wall = Stopwatch().start()
         loader, model, optimizer, device = build_training(config)
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
+        scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+        memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
         was_reset = reset_peak(device)
         timer = PhaseTimer(device)
         batches = infinite_batches(loader)
@@ -114,9 +144,11 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
             with timer.step():
                 with timer.phase("data"):
                     x, y = next(batches)       # (B, 3, H, W) float32, (B,) int64
-                    x = x.to(device, non_blocking=config.pin_memory)
+                    x = x.to(device, non_blocking=config.pin_memory,
+                             memory_format=memory_format)
                     y = y.to(device, non_blocking=config.pin_memory)
-                loss = train_step(model, x, y, optimizer, timer)
+                loss = train_step(model, x, y, optimizer, timer, amp=config.amp,
+                                  scaler=scaler)
             losses.append(float(loss))
             if profiler is not None:
                 profiler.step()

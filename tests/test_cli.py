@@ -35,6 +35,16 @@ def test_bad_flags_clear_errors(flags, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_flags_reach_the_config():
+    from perflab.cli import _config_from, build_parser
+
+    args = build_parser().parse_args(["run", "--checkpointing", "2", "--amp", "bf16",
+                                      "--channels-last", "--prefetch-factor", "none"])
+    cfg = _config_from(args)
+    assert (cfg.checkpointing, cfg.amp, cfg.channels_last, cfg.prefetch_factor) == (
+        2, "bf16", True, None)
+
+
 def test_unknown_choice_is_rejected_by_argparse(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--model", "vgg"])

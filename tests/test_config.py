@@ -25,6 +25,13 @@ from perflab.config import PRESETS, RunConfig, resolve_device
     (dict(model="vgg"), "model must be one of"),
     (dict(seed=1.5), "seed must be an int"),
     (dict(dataset="/no/such/folder"), "is not a directory"),
+    (dict(amp="fp8"), "amp must be one of"),
+    (dict(compile="fast"), "compile must be one of"),
+    (dict(checkpointing="all"), "checkpointing must be 'none', 'per_stage' or an int"),
+    (dict(checkpointing=0), "checkpointing must be 'none', 'per_stage' or an int"),
+    (dict(checkpointing=True), "checkpointing must be 'none', 'per_stage' or an int"),
+    (dict(checkpointing=6), "ResNet-18 has 5 stages"),
+    (dict(checkpointing="per_stage", model="tiny"), "needs model='resnet18'"),
 ])
 def test_invalid_values_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -37,6 +44,28 @@ def test_pin_memory_needs_cuda(monkeypatch):
     with pytest.raises(ValueError, match="pin_memory=True needs a CUDA device; on cpu set "
                                          "pin_memory=False"):
         RunConfig(pin_memory=True)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(amp="fp16"), "amp='fp16' needs a CUDA device; on this cpu use amp='bf16' or 'off'"),
+    (dict(compile="reduce-overhead"), "uses CUDA graphs and needs a CUDA device"),
+    (dict(compile="max-autotune"), "compile='default' or 'max-autotune-no-cudagraphs'"),
+])
+def test_cpu_cannot_run(kwargs, match, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=match):
+        RunConfig(**kwargs)
+
+
+def test_bf16_needs_ampere(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match="compute capability >= 8.0; on this GPU use "
+                                         "amp='fp16'"):
+        RunConfig(amp="bf16", device="cuda")
 
 
 def test_missing_cuda_named(monkeypatch):

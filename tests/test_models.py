@@ -97,3 +97,23 @@ def test_errors():
         resnet18(0)
     with pytest.raises(ValueError, match="num_classes must be >= 1"):
         tiny_cnn(0)
+
+
+@pytest.mark.parametrize("mode", ["per_stage", 1, 2, 3, 5])
+def test_checkpointing_keeps_gradients(mode):
+    torch.manual_seed(0)
+    ref = resnet18(10)
+    ckpt = resnet18(10)
+    ckpt.load_state_dict(ref.state_dict())
+    ckpt.set_checkpointing(mode)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    for m in (ref, ckpt):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    for (name, a), (_, b) in zip(ref.named_parameters(), ckpt.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=f"gradient of {name} differs")
+
+
+@pytest.mark.parametrize("mode", ["all", 0, 6, True])
+def test_checkpointing_bad_mode(mode):
+    with pytest.raises(ValueError, match="checkpointing must be"):
+        resnet18(10).set_checkpointing(mode)

@@ -96,3 +96,27 @@ def test_bad_dataset_fails_before_training(tmp_path, results_dir):
     with pytest.raises(ValueError, match="broken.jpg"):
         run(cfg, progress=False)
     assert not results_dir.exists()  # nothing was run, nothing saved
+
+
+@pytest.mark.parametrize("changes", [dict(amp="bf16"), dict(channels_last=True),
+                                     dict(model="resnet18", checkpointing="per_stage")])
+def test_technique_knobs_run(tiny_dataset, results_dir, changes):
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=2, warmup_steps=0).replace(**changes)
+    r = run(cfg, progress=False, save=False)
+    assert all(torch.isfinite(torch.tensor(r.losses)))
+
+
+def test_train_step_bf16_matches_fp32_loosely():
+    from perflab.models import tiny_cnn
+    from perflab.train import train_step
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    losses = {}
+    for amp in ("off", "bf16"):
+        torch.manual_seed(1)
+        m = tiny_cnn(10)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        losses[amp] = float(train_step(m, x, y, opt, amp=amp))
+    assert losses["off"] == pytest.approx(losses["bf16"], rel=0.05)
