@@ -123,6 +123,49 @@ def cmd_course(args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory_gib(text: str) -> float | None:
+    return None if text.lower() in ("none", "off", "0") else float(text)
+
+
+def cmd_course_record(args: argparse.Namespace) -> int:
+    from perflab.course import record_check_outputs
+
+    for nb in args.notebooks:
+        outputs = record_check_outputs(nb, cell_timeout_s=args.cell_timeout)
+        print(f"{nb}: recorded {len(outputs)} check outputs")
+        for text in outputs:
+            print("  " + (text.strip().replace("\n", "\n  ") or "(no output)"))
+    return 0
+
+
+def _lab_numbers(text: str) -> list[str]:
+    try:
+        return [f"{int(x):02d}" for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected lab numbers like 01,02; got {text!r}")
+
+
+def cmd_course_grade(args: argparse.Namespace) -> int:
+    from perflab.grading import Limits, grade_submissions
+    from perflab.grading_report import write_feedback, write_scores_csv
+
+    sanitize = args.sanitize_with
+    if sanitize is None:  # the file the instructor's nbval run of solutions/ uses
+        shipped = args.reference.resolve().parent / "tests" / "nbval_sanitize.cfg"
+        sanitize = shipped if shipped.is_file() else None
+    limits = Limits(cell_timeout_s=args.cell_timeout, wall_timeout_s=args.wall_timeout,
+                    memory_gib=args.memory_gib)
+    grades = grade_submissions(args.submissions, args.reference, limits=limits,
+                               sanitize=sanitize, labs=args.labs, progress=print)
+    out = write_scores_csv(grades, args.out)
+    feedback = args.feedback or out.parent / "feedback"
+    write_feedback(grades, feedback)
+    errors = sum(1 for g in grades if g.error)
+    print(f"\nwrote {out} ({len({g.student for g in grades})} students) and feedback in "
+          f"{feedback}/" + (f"; {errors} notebook(s) could not be graded" if errors else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perflab", description="Measured labs for making PyTorch training fast.")
@@ -158,6 +201,35 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if labs/ differs from a fresh build")
     b.set_defaults(fn=cmd_course)
+    r = csub.add_parser("record", help="run solution notebooks; store their check "
+                        "cells' outputs (nbval's reference) and clear all others")
+    r.add_argument("notebooks", nargs="+", type=Path, help="solutions/NN_*.ipynb")
+    r.add_argument("--cell-timeout", type=float, default=600.0,
+                   help="per-cell timeout in seconds (default 600)")
+    r.set_defaults(fn=cmd_course_record)
+    g = csub.add_parser(
+        "grade", help="grade SUBMISSIONS/<student>/NN_*.ipynb into a score table",
+        description="Restore the reference check cells into each submitted notebook, run it "
+                    "under nbval in a subprocess with time and memory limits, and write "
+                    "scores.csv and per-student Markdown feedback.")
+    g.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
+    g.add_argument("--reference", default="solutions", type=Path,
+                   help="folder of reference notebooks NN_*.ipynb (default: solutions)")
+    g.add_argument("--out", default="scores.csv", type=Path, help="score table (CSV)")
+    g.add_argument("--feedback", default=None, type=Path,
+                   help="folder for <student>.md feedback (default: 'feedback' beside --out)")
+    g.add_argument("--labs", default=None, type=_lab_numbers, metavar="NN[,NN...]",
+                   help="comma-separated lab numbers to grade (default: all submitted)")
+    g.add_argument("--cell-timeout", type=float, default=600.0,
+                   help="per-cell timeout in seconds (default 600)")
+    g.add_argument("--wall-timeout", type=float, default=1800.0,
+                   help="wall-clock limit per notebook in seconds (default 1800)")
+    g.add_argument("--memory-gib", type=_memory_gib, default=8.0, metavar="GIB|none",
+                   help="address-space limit per process in GiB (default 8; 'none' on a GPU)")
+    g.add_argument("--sanitize-with", default=None, type=Path,
+                   help="nbval sanitize file (default: tests/nbval_sanitize.cfg beside "
+                        "the reference folder, if present)")
+    g.set_defaults(fn=cmd_course_grade)
     return parser
 
 

@@ -15,11 +15,14 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES"]
+__all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES", "CACHE_MODES"]
 
 MODELS = ("resnet18", "tiny")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 AMP_MODES = ("off", "bf16", "fp16")
+CACHE_MODES = ("off", "memory", "mmap")
+#: Largest simulated per-file storage latency accepted (ms): beyond it a run crawls.
+MAX_STORAGE_LATENCY_MS = 1000.0
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
                  "max-autotune-no-cudagraphs")
 
@@ -113,6 +116,25 @@ class RunConfig:
                      "max-autotune-no-cudagraphs"] = "off"
     """``torch.compile`` mode; "off" = eager."""
 
+    storage_latency_ms: float = 0.0
+    """SIMULATED slow storage: milliseconds slept before every image file read (a network
+    disk's latency, sleeping, not burning CPU), 0..1000; 0 = off (the local disk as is).
+    Shown as "simulated storage +N ms/file" in labels."""
+
+    decoded_cache: Literal["off", "memory", "mmap"] = "off"
+    """Decode every training image once into a uint8 (N, 3, S, S) cache (S =
+    :func:`perflab.cache.stored_size`) and apply the augmentations batched in torch on
+    the device: "memory" (a process-wide array), "mmap" (a memory-mapped file under the
+    data root, reused across runs), or "off" (decode each sample every epoch)."""
+
+    device_prefetch: bool = False
+    """Copy the next batch to the device on a side CUDA stream while the model works
+    (:class:`perflab.loading.DevicePrefetcher`); on a CPU a plain pass-through."""
+
+    compute_only: bool = False
+    """The compute-only bound: load one batch, keep it on the device and reuse it every
+    step (no loading at all). Throughput / this bound = input-pipeline efficiency."""
+
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -151,6 +173,17 @@ class RunConfig:
         need(self.amp in AMP_MODES, f"amp must be one of {AMP_MODES}, got {self.amp!r}")
         need(self.compile in COMPILE_MODES,
              f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        need(isinstance(self.storage_latency_ms, (int, float))
+             and not isinstance(self.storage_latency_ms, bool)
+             and 0 <= self.storage_latency_ms <= MAX_STORAGE_LATENCY_MS,
+             f"storage_latency_ms must be a number of milliseconds in 0..."
+             f"{MAX_STORAGE_LATENCY_MS:g} (0 = off), got {self.storage_latency_ms!r}")
+        need(self.decoded_cache in CACHE_MODES,
+             f"decoded_cache must be one of {CACHE_MODES}, got {self.decoded_cache!r}")
+        need(isinstance(self.device_prefetch, bool),
+             f"device_prefetch must be True or False, got {self.device_prefetch!r}")
+        need(isinstance(self.compute_only, bool),
+             f"compute_only must be True or False, got {self.compute_only!r}")
         ckpt = self.checkpointing
         need(ckpt in ("none", "per_stage")
              or (isinstance(ckpt, int) and not isinstance(ckpt, bool) and ckpt >= 1),
@@ -215,13 +248,24 @@ class RunConfig:
                 if f.name != "label" and getattr(self, f.name) != f.default}
 
     def display_label(self) -> str:
-        """``label`` if set, else a short description like ``"bs=64 workers=2"``."""
+        """``label`` if set, else a short description like ``"bs=64 workers=2"``.
+
+        Simulated storage latency always shows, as ``"simulated storage +N ms/file"``,
+        and the compute-only bound as ``"compute-only bound"``, so neither can be
+        mistaken for a real loader.
+        """
+        latency = (f"simulated storage +{self.storage_latency_ms:g} ms/file"
+                   if self.storage_latency_ms else "")
         if self.label:
-            return self.label
-        short = {"batch_size": "bs", "num_workers": "workers", "image_size": "px"}
-        parts = [f"{short.get(k, k)}={v}" for k, v in self.changed_fields().items()
-                 if k not in ("steps", "warmup_steps", "dataset", "device")]
-        return " ".join(parts) or "default"
+            return f"{self.label} ({latency})" if latency and "simulated" not in self.label \
+                else self.label
+        short = {"batch_size": "bs", "num_workers": "workers", "image_size": "px",
+                 "decoded_cache": "cache"}
+        parts = ["compute-only bound" if k == "compute_only" else f"{short.get(k, k)}={v}"
+                 for k, v in self.changed_fields().items()
+                 if k not in ("steps", "warmup_steps", "dataset", "device",
+                              "storage_latency_ms")]
+        return " ".join(parts + [latency] if latency else parts) or "default"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

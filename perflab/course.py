@@ -14,7 +14,10 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["build_lab", "build_labs", "graded_cells"]
+__all__ = ["build_lab", "build_labs", "graded_cells", "record_check_outputs"]
+
+#: The tag of graded cells whose stored output nbval compares (``--nbval-lax``).
+CHECK_TAG = "nbval-check-output"
 
 
 def _preprocessors():
@@ -86,3 +89,41 @@ def build_labs(solutions_dir: str | Path = "solutions", labs_dir: str | Path = "
             labs.mkdir(parents=True, exist_ok=True)
             dest.write_text(text)
     return changed
+
+
+def record_check_outputs(solution: str | Path, *, cell_timeout_s: float = 600.0) -> list[str]:
+    """Run a solution notebook and store the outputs of its check cells only.
+
+    The stored ``PASS: ...`` lines of the cells tagged ``nbval-check-output`` are what
+    nbval (and grading) compare against; every other cell is saved without outputs, and
+    saved widget state is dropped. The notebook runs in its own folder, in a kernel of
+    the current environment. Nothing is written when a cell raises.
+
+    Returns:
+        The recorded check outputs, one string per check cell, in notebook order.
+
+    Raises:
+        ValueError: a cell raised (the message names it), or no cell carries the tag.
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    path = Path(solution)
+    nb = nbformat.read(str(path), as_version=4)
+    def is_check(cell) -> bool:
+        return CHECK_TAG in cell.get("metadata", {}).get("tags", [])
+
+    if not any(is_check(c) for c in nb.cells):
+        raise ValueError(f"{path}: no cell is tagged {CHECK_TAG!r}; tag the graded cells")
+    client = NotebookClient(nb, timeout=cell_timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        raise ValueError(f"{path}: a cell raised, nothing written:\n{e}") from e
+    for cell in nb.cells:
+        if cell.cell_type == "code" and not is_check(cell):
+            cell.outputs, cell.execution_count = [], None
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, str(path))
+    return ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells if is_check(c)]

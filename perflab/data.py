@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import random
+import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -19,10 +21,14 @@ from PIL import Image
 
 from .config import RunConfig
 from .dataset import EMBEDDED_NAME, ensure_dataset
+# Re-exported so labs can say perflab.data.sweep_loader; loader_tuning imports this
+# module only inside its functions, so there is no import cycle.
+from .loader_tuning import sweep_loader, tune_loader
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "random_resized_crop",
            "center_crop_resize", "to_tensor", "normalize", "TrainTransform",
-           "EvalTransform", "ImageFolderDataset", "make_loader", "infinite_batches"]
+           "EvalTransform", "ImageFolderDataset", "make_loader", "infinite_batches",
+           "seed_worker", "sweep_loader", "tune_loader"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -153,6 +159,23 @@ def _check_image(path: str) -> str | None:
     return None
 
 
+#: path -> (bytes, mtime_ns) of files that passed _check_image in this process.
+_VALID: dict[str, tuple[int, int]] = {}
+
+
+def _checked(path: str) -> str | None:
+    """:func:`_check_image`, remembered per process for files unchanged since (same size
+    and modification time): a kernel that runs many experiments validates once."""
+    st = os.stat(path)
+    stamp = (st.st_size, st.st_mtime_ns)
+    if _VALID.get(path) == stamp:
+        return None
+    why = _check_image(path)
+    if why is None:
+        _VALID[path] = stamp
+    return why
+
+
 class ImageFolderDataset(torch.utils.data.Dataset):
     """``root/split/<class>/*.{jpg,jpeg,png}`` as ``(image, label)`` samples.
 
@@ -160,7 +183,10 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     skipped); labels are their indices. ``ds[i]`` -> (float32 tensor
     ``(3, image_size, image_size)``, int label), via :class:`TrainTransform` when
     ``train`` else :class:`EvalTransform`. All checks run here, before training starts;
-    ``validate`` opens every file's header (about 0.1 ms per file).
+    ``validate`` opens every file's header (about 0.2 ms per file; files unchanged
+    since they last passed in this process are not opened again).
+    ``storage_latency_s`` > 0 SIMULATES slow storage: every image read first sleeps that
+    many seconds (releasing the CPU, like waiting on a network disk); validation does not.
 
     Raises:
         FileNotFoundError: ``root`` or ``root/split`` does not exist.
@@ -169,7 +195,8 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, root: str | os.PathLike[str], split: str = "train", *,
-                 image_size: int = 64, train: bool = True, validate: bool = True) -> None:
+                 image_size: int = 64, train: bool = True, validate: bool = True,
+                 storage_latency_s: float = 0.0) -> None:
         self.root = Path(root).expanduser()
         self.split = split
         folder = self.root / split
@@ -194,31 +221,64 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                                  "the folder")
             self.samples += [(f, label) for f in files]
         if validate:
-            bad = [(p, why) for p, _ in self.samples if (why := _check_image(p))]
+            bad = [(p, why) for p, _ in self.samples if (why := _checked(p))]
             if bad:
                 listed = "; ".join(f"{p}: {why}" for p, why in bad[:5])
                 raise ValueError(f"{len(bad)} unreadable image(s) in {folder}: {listed}"
                                  f"{' ...' if len(bad) > 5 else ''}. Delete or replace "
                                  "them (or pass validate=False to skip this check)")
         self.image_size = image_size
+        self.storage_latency_s = float(storage_latency_s)
         self.transform = TrainTransform(image_size) if train else EvalTransform(image_size)
+
+    def open_image(self, i: int) -> Image.Image:
+        """Open sample ``i``'s file (header read, pixels not yet decoded), after the
+        simulated storage latency, if any. Use as a context manager."""
+        if self.storage_latency_s:
+            time.sleep(self.storage_latency_s)  # simulated storage: waits, burns no CPU
+        return Image.open(self.samples[i][0])
+
+    def read_image(self, i: int) -> Image.Image:
+        """Sample ``i`` decoded to an RGB PIL image (after :meth:`open_image`).
+
+        Raises:
+            ValueError: the file cannot be decoded (the message names it).
+        """
+        try:
+            with self.open_image(i) as im:
+                return im.convert("RGB")  # decodes here
+        except OSError as e:
+            raise ValueError(f"cannot decode image {self.samples[i][0]}: {e}; delete or "
+                             "replace it") from e
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        path, label = self.samples[i]
-        try:
-            with Image.open(path) as im:
-                img = im.convert("RGB")  # decodes here
-        except OSError as e:
-            raise ValueError(f"cannot decode image {path}: {e}; delete or replace it") from e
-        return self.transform(img), label  # (3, S, S) float32, int
+        return self.transform(self.read_image(i)), self.samples[i][1]  # (3, S, S), int
 
     def __repr__(self) -> str:
         return (f"ImageFolderDataset(root={str(self.root)!r}, split={self.split!r}, "
                 f"samples={len(self)}, classes={len(self.classes)}, "
-                f"transform={self.transform!r})")
+                f"transform={self.transform!r}"
+                + (f", simulated storage latency {self.storage_latency_s * 1e3:g} ms/file"
+                   if self.storage_latency_s else "") + ")")
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn`` that seeds Python's ``random`` and NumPy in each worker.
+
+    DataLoader seeds each worker's torch RNG with ``base_seed + worker_id``, where
+    ``base_seed`` is drawn from the loader's generator every time an epoch's iterator is
+    created, so torch-based augmentations differ per worker and per epoch (persistent
+    workers keep one seed and continue their stream across epochs). ``random`` and NumPy
+    are not reseeded by DataLoader: forked workers would share their state and repeat
+    each other's "random" augmentations. This is the recipe of PyTorch's "Randomness in
+    multi-process data loading" notes (https://pytorch.org/docs/stable/notes/randomness.html).
+    """
+    seed = torch.initial_seed() % 2**32  # this worker's torch seed, already distinct
+    np.random.seed(seed)
+    random.seed(seed)
 
 
 def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.DataLoader:
@@ -227,9 +287,16 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
     Batches: (float32 ``(B, 3, S, S)``, int64 ``(B,)``) with B = ``config.batch_size``,
     S = ``config.image_size``; ``drop_last=True`` so every step has the same shape.
     ``train`` split: augmented and shuffled by a ``torch.Generator`` seeded with
-    ``config.seed`` (which also seeds the per-worker RNGs); other splits: eval transform,
-    fixed order. Worker seeding is left to DataLoader's defaults. With num_workers=0,
-    augmentation draws from torch's global RNG.
+    ``config.seed`` (which also seeds the per-worker RNGs; :func:`seed_worker` seeds
+    NumPy and ``random`` per worker); other splits: eval transform, fixed order. With
+    num_workers=0, augmentation draws from torch's global RNG. ``storage_latency_ms``
+    adds the simulated per-file read latency.
+
+    With ``config.decoded_cache`` != "off" (train split), batches are the cached
+    decoded but *not yet augmented* images instead: (uint8 ``(B, 3, S', S')``, int64
+    ``(B,)``) with S' = :func:`perflab.cache.stored_size` (``image_size`` x 1.25); the
+    augmentation runs batched on the device (:class:`perflab.loading.BatchStream`
+    applies it). The cache is built on first use (see :func:`perflab.cache.get_cache`).
 
     Raises:
         FileNotFoundError, ValueError: see :class:`ImageFolderDataset`.
@@ -238,7 +305,8 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
     """
     root = Path(config.dataset).expanduser() if config.dataset else ensure_dataset()
     train = split == "train"
-    dataset = ImageFolderDataset(root, split, image_size=config.image_size, train=train)
+    dataset = ImageFolderDataset(root, split, image_size=config.image_size, train=train,
+                                 storage_latency_s=config.storage_latency_ms / 1e3)
     if not train and (root / "train").is_dir():
         train_classes = sorted(d.name for d in (root / "train").iterdir()
                                if d.is_dir() and not d.name.startswith("."))
@@ -251,13 +319,25 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
                          f"batch_size={config.batch_size} (drop_last=True would yield no "
                          "batch); lower batch_size or add images")
     generator = torch.Generator().manual_seed(config.seed)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(
+        num_workers=config.num_workers, pin_memory=config.pin_memory,
+        persistent_workers=config.persistent_workers,
+        worker_init_fn=seed_worker if config.num_workers else None)
     if config.prefetch_factor is not None:
         kwargs["prefetch_factor"] = config.prefetch_factor
+    if train and config.decoded_cache != "off":
+        from perflab.cache import cached_batches  # the cache imports this module
+
+        batches = cached_batches(dataset, config.image_size, config.decoded_cache)
+        # batch_size=None: the sampler yields whole index batches; one gather per batch.
+        sampler = torch.utils.data.BatchSampler(
+            torch.utils.data.RandomSampler(batches, generator=generator),
+            config.batch_size, drop_last=True)
+        return torch.utils.data.DataLoader(batches, batch_size=None, sampler=sampler,
+                                           **kwargs)
     return torch.utils.data.DataLoader(
         dataset, batch_size=config.batch_size, shuffle=train, generator=generator,
-        drop_last=True, num_workers=config.num_workers, pin_memory=config.pin_memory,
-        persistent_workers=config.persistent_workers, **kwargs)
+        drop_last=True, **kwargs)
 
 
 def infinite_batches(loader: torch.utils.data.DataLoader) -> Iterator[Any]:
@@ -275,3 +355,4 @@ def infinite_batches(loader: torch.utils.data.DataLoader) -> Iterator[Any]:
         if empty:
             raise ValueError("the loader yielded no batch in a whole epoch; check that "
                              "the dataset has at least batch_size samples")
+

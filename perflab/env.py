@@ -153,7 +153,8 @@ def lab_capabilities(device: str = "auto") -> list[dict[str, str]]:
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     notes = {
         "01": f"phase timing on {dev}" + (" with CUDA events" if dev.type == "cuda" else ""),
-        "02": f"worker sweep 0..{cores} on {cores} core(s)",
+        "02": f"worker sweep 0..{cores} on {cores} core(s); device prefetch "
+              + ("on a side CUDA stream" if dev.type == "cuda" else "is a pass-through here"),
         "03": f"bf16 {'fast' if bf16 else 'emulated'} ({why}); fp16 + GradScaler "
               + ("available" if dev.type == "cuda" else "needs CUDA"),
         "04": "peak memory from " + ("the CUDA allocator" if dev.type == "cuda"

@@ -1,4 +1,6 @@
-"""Peak memory of a run, from the allocator that owns it.
+"""Memory of a training step: peaks, saved activations, model state, and a breakdown.
+
+Peak memory of a run, from the allocator that owns it:
 
 * CUDA: the caching allocator's peak of allocated tensor bytes
   (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``).
@@ -7,6 +9,15 @@
   ``man 5 proc``). Where the reset is not allowed the peak is since process start, and
   the label says so. RSS includes the Python interpreter, libraries and the loader's
   buffers, not only tensors.
+
+What the memory is made of (Lab 04), all deterministic, on every device:
+
+* :class:`SavedTensorsCounter` / :func:`saved_activation_bytes`: bytes of the distinct
+  storages autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``);
+* :func:`model_state_bytes`: parameters, gradients and optimizer state, measured;
+* :func:`memory_breakdown`: the four parts measured next to their formulas;
+* :func:`tensor_peak_bytes`: the peak of tensor bytes during a call (CUDA allocator, or
+  torch.profiler's memory events on CPU).
 """
 from __future__ import annotations
 
@@ -14,12 +25,20 @@ import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
+import pandas as pd
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-__all__ = ["PeakMemory", "reset_peak", "read_peak", "GIB"]
+__all__ = ["PeakMemory", "reset_peak", "read_peak", "GIB", "MIB", "SavedTensors",
+           "SavedTensorsCounter", "saved_activation_bytes", "ModelState",
+           "model_state_bytes", "optimizer_state_multiplier", "activation_formula_bytes",
+           "memory_breakdown", "tensor_peak_bytes"]
 
 GIB = 1024 ** 3
+MIB = 1024 ** 2
 
 
 @dataclass(frozen=True)
@@ -88,3 +107,317 @@ def read_peak(device: torch.device | str, *, was_reset: bool = True) -> PeakMemo
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak *= 1 if sys.platform == "darwin" else 1024
     return PeakMemory(int(peak), "process RSS high-water mark since process start (CPU)")
+
+
+# ---------------------------------------------------------------------------------------
+# Saved activations, model state, and the breakdown of a training step's memory.
+
+@dataclass(frozen=True)
+class SavedTensors:
+    """What autograd saved for backward during a forward pass.
+
+    Attributes:
+        nbytes: bytes of the distinct storages saved (a storage saved twice, or two
+            views of one storage, count once; the whole storage counts), excluding the
+            storages of the ``exclude``\\d tensors (parameters and buffers by default).
+        storages: number of distinct storages saved.
+        saves: number of tensors autograd packed (with repeats).
+    """
+
+    nbytes: int
+    storages: int
+    saves: int
+
+    @property
+    def mib(self) -> float:
+        """``nbytes`` in MiB (2**20 bytes)."""
+        return self.nbytes / MIB
+
+    def __repr__(self) -> str:
+        return (f"SavedTensors({self.mib:.2f} MiB in {self.storages} storages, "
+                f"{self.saves} saves)")
+
+
+class SavedTensorsCounter:
+    """Count the bytes autograd saves for backward inside a ``with`` block.
+
+    Uses ``torch.autograd.graph.saved_tensors_hooks`` (PyTorch docs, "Hooks for saved
+    tensors"): every tensor autograd saves passes through the pack hook, which records
+    its storage (keyed by device and data pointer) and returns the tensor unchanged, so
+    training is not altered. Deterministic on every device. Inside a non-reentrant
+    ``torch.utils.checkpoint`` region autograd saves through checkpoint's own hooks,
+    which keep nothing; what checkpoint itself keeps (each segment's inputs) is saved
+    outside them and is counted here.
+
+    Args:
+        exclude: tensors whose storages are model state, not activations (e.g.
+            ``list(model.parameters()) + list(model.buffers())``).
+
+    Example::
+
+        with SavedTensorsCounter(exclude=model.parameters()) as saved:
+            loss = F.cross_entropy(model(x), y)
+        saved.result().mib
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._exclude = {_storage_key(t) for t in exclude}
+        self._storages: dict[tuple, Any] = {}  # key -> storage, alive so keys stay unique
+        self._sizes: dict[tuple, int] = {}
+        self._saves = 0
+        self._hooks: Any = None
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._saves += 1
+        key = _storage_key(t)
+        if key not in self._exclude and key not in self._sizes:
+            s = t.untyped_storage()
+            self._storages[key] = s
+            self._sizes[key] = s.nbytes()
+        return t
+
+    def __enter__(self) -> "SavedTensorsCounter":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+        self._storages.clear()  # sizes are kept; the storages are autograd's again
+
+    def result(self) -> SavedTensors:
+        """The bytes counted so far."""
+        return SavedTensors(sum(self._sizes.values()), len(self._sizes), self._saves)
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    s = t.untyped_storage()
+    return (t.device.type, t.device.index, s.data_ptr(), s.nbytes())
+
+
+def _model_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
+def saved_activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None,
+                           loss_fn: Callable[..., torch.Tensor] = F.cross_entropy
+                           ) -> SavedTensors:
+    """Bytes autograd saves for backward in one forward pass (+ loss) of ``model``.
+
+    Runs ``loss_fn(model(x), y)`` (or ``model(x)`` when ``y`` is None) under a
+    :class:`SavedTensorsCounter` that excludes the model's parameters and buffers, then
+    drops the graph without a backward pass. The model's buffers (BatchNorm running
+    statistics) are restored, so the model is unchanged.
+
+    Args:
+        model: in the mode to measure (``train()`` for training).
+        x: a batch, e.g. (B, 3, H, W) float32 on the model's device.
+        y: targets for ``loss_fn``, e.g. (B,) int64, or None.
+        loss_fn: maps (output, y) to a scalar loss.
+    """
+    buffers = {k: b.detach().clone() for k, b in model.named_buffers()}
+    try:
+        with torch.enable_grad(), SavedTensorsCounter(_model_state_tensors(model)) as c:
+            out = model(x)
+            if y is not None:
+                out = loss_fn(out, y)
+        del out
+    finally:
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(buffers[k])
+    return c.result()
+
+
+#: Extra optimizer-state tensors per parameter, by optimizer (torch.optim docs, each
+#: algorithm's box: SGD keeps one momentum buffer when momentum != 0; Adam/AdamW keep
+#: exp_avg and exp_avg_sq; fp32 mixed-precision-free training as in ZeRO, Rajbhandari
+#: et al. 2020, section 3.1, which counts Adam's state as 2 x 4 bytes per parameter).
+def optimizer_state_multiplier(optimizer: torch.optim.Optimizer) -> int:
+    """Parameter-sized state tensors ``optimizer`` keeps per parameter (formula).
+
+    SGD: 1 with momentum, else 0; Adam / AdamW: 2 (3 with ``amsgrad``); RMSprop: 1
+    (+1 momentum, +1 centered); Adagrad: 1.
+
+    Raises:
+        ValueError: an optimizer this formula does not know; name it to add it.
+    """
+    name = type(optimizer).__name__
+    d = optimizer.defaults
+    if name == "SGD":
+        return int(d.get("momentum", 0) != 0)
+    if name in ("Adam", "AdamW"):
+        return 3 if d.get("amsgrad") else 2
+    if name == "RMSprop":
+        return 1 + int(d.get("momentum", 0) != 0) + int(bool(d.get("centered")))
+    if name == "Adagrad":
+        return 1
+    raise ValueError(f"no state formula for optimizer {name}; known: SGD, Adam, AdamW, "
+                     "RMSprop, Adagrad")
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Bytes of model state, measured from the tensors that exist now.
+
+    Attributes:
+        params: parameter bytes (distinct storages). grads: bytes of ``.grad`` tensors
+        (0 before the first backward or after ``zero_grad(set_to_none=True)``).
+        optimizer: bytes of the optimizer's state tensors (0 before its first step).
+        num_params: number of parameter elements.
+    """
+
+    params: int
+    grads: int
+    optimizer: int
+    num_params: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+                      ) -> ModelState:
+    """Measure parameter, gradient and optimizer-state bytes of ``model`` right now."""
+    params = {_storage_key(p): p for p in model.parameters()}
+    grads = [p.grad for p in params.values() if p.grad is not None]
+    state = 0
+    if optimizer is not None:
+        for st in optimizer.state.values():
+            state += sum(v.untyped_storage().nbytes() for v in st.values()
+                         if isinstance(v, torch.Tensor))
+    return ModelState(params=sum(p.untyped_storage().nbytes() for p in params.values()),
+                      grads=sum(g.untyped_storage().nbytes() for g in grads),
+                      optimizer=state, num_params=sum(p.numel() for p in params.values()))
+
+
+#: What autograd saves per layer type (PyTorch's derivatives.yaml): conv and linear save
+#: their input; batch norm (training) its input plus a per-channel mean and inverse std;
+#: ReLU its output; max-pool its input and int64 indices. Pooling to a fixed size and
+#: additions save nothing that is feature-map sized.
+_SAVES = {nn.Conv2d: "input", nn.Linear: "input", nn.BatchNorm2d: "input+stats",
+          nn.ReLU: "output", nn.MaxPool2d: "input+indices"}
+
+
+def activation_formula_bytes(model: nn.Module, x: torch.Tensor,
+                             num_classes: int | None = None) -> int:
+    """Activation bytes for backward predicted from the layer shapes (the formula).
+
+    Sums, over the distinct tensors each layer would save by the ``_SAVES`` rule
+    (conv / linear / BN inputs, ReLU outputs, max-pool inputs and int64 indices; an
+    in-place ReLU's output is its input, counted once), their bytes, plus BatchNorm's
+    two fp32 per-channel statistics and, with ``num_classes``, cross-entropy's
+    log-softmax output (B, num_classes) and int64 targets (B,). Shapes come from one
+    forward under ``torch.no_grad`` in eval mode (no graph, running statistics kept).
+
+    Args:
+        model: a model of the layer types in ``_SAVES`` (others are ignored).
+        x: the batch, e.g. (B, 3, H, W) float32.
+        num_classes: add the cross-entropy loss's saved tensors for this many classes
+            (log-softmax output, int64 targets and nll_loss's 0-d fp32 total weight).
+    """
+    seen: dict[int, int] = {}
+    keep: list[torch.Tensor] = []  # alive, so no data pointer is reused during the pass
+    extra = 0
+
+    def add(t: torch.Tensor, nbytes: int | None = None) -> None:
+        keep.append(t)
+        seen.setdefault(t.untyped_storage().data_ptr(), nbytes or t.nbytes)
+
+    def hook(mod: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        nonlocal extra
+        rule = _SAVES[type(mod)]
+        add(output if rule == "output" else inputs[0])
+        if rule == "input+stats":
+            extra += 2 * mod.num_features * 4
+        elif rule == "input+indices":
+            extra += output.numel() * 8
+    handles = [m.register_forward_hook(hook) for m in model.modules() if type(m) in _SAVES]
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()
+            model(x)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    if num_classes is not None:  # log-softmax output, int64 targets, 0-d total weight
+        extra += x.shape[0] * (num_classes * 4 + 8) + 4
+    return sum(seen.values()) + extra
+
+
+def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                     y: torch.Tensor, *, dtype_bytes: int = 4) -> pd.DataFrame:
+    """Parameters, gradients, optimizer state and activations: measured vs the formula.
+
+    Runs ONE training step on ``model`` and ``optimizer`` (it updates them, as training
+    does): forward + cross-entropy under a :class:`SavedTensorsCounter`, backward, step.
+    Formulas, for P parameters of ``dtype_bytes`` each: params P*b, grads P*b,
+    optimizer k*P*b with k from :func:`optimizer_state_multiplier`; activations from
+    :func:`activation_formula_bytes` (layer shapes).
+
+    Returns:
+        A DataFrame indexed by part (params, grads, optimizer, activations, total) with
+        ``measured_mib``, ``formula_mib``, ``diff_pct`` (measured vs formula) and
+        ``formula`` (the rule, as text).
+    """
+    formula_act = activation_formula_bytes(model, x, num_classes=_num_classes(model, x))
+    with SavedTensorsCounter(_model_state_tensors(model)) as c:
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    state = model_state_bytes(model, optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    k = optimizer_state_multiplier(optimizer)
+    p = state.num_params
+    rows = [("params", state.params, p * dtype_bytes, f"P x {dtype_bytes} B"),
+            ("grads", state.grads, p * dtype_bytes, f"P x {dtype_bytes} B"),
+            ("optimizer", state.optimizer, k * p * dtype_bytes,
+             f"{k} x P x {dtype_bytes} B ({type(optimizer).__name__})"),
+            ("activations", c.result().nbytes, formula_act, "saved tensors per layer type")]
+    rows.append(("total", sum(r[1] for r in rows), sum(r[2] for r in rows), "sum"))
+    df = pd.DataFrame(rows, columns=["part", "measured", "formula_b", "formula"])
+    df["measured_mib"] = df.pop("measured") / MIB
+    df["formula_mib"] = df.pop("formula_b") / MIB
+    df["diff_pct"] = 100 * (df.measured_mib / df.formula_mib - 1)
+    return df.set_index("part")[["measured_mib", "formula_mib", "diff_pct", "formula"]]
+
+
+def _num_classes(model: nn.Module, x: torch.Tensor) -> int | None:
+    last = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return last[-1].out_features if last else None
+
+
+def tensor_peak_bytes(fn: Callable[[], object], device: torch.device | str = "cpu"
+                      ) -> PeakMemory:
+    """Peak bytes of tensors allocated while ``fn()`` runs, above those alive before.
+
+    CUDA: the caching allocator's ``max_memory_allocated`` after a reset, minus the
+    bytes allocated at the start. CPU: the running sum of torch.profiler's memory events
+    (``profile_memory=True``; each allocation and free of a CPU tensor), its maximum.
+    Both count tensors only, not the interpreter or allocator caches; not a process
+    RSS (for that see :func:`read_peak`).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        fn()
+        torch.cuda.synchronize(dev)
+        return PeakMemory(int(torch.cuda.max_memory_allocated(dev) - base),
+                          "CUDA allocator: peak of tensors allocated during the call")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    cur = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return PeakMemory(peak, f"torch.profiler memory events: peak of tensors allocated "
+                            f"during the call ({dev.type})")

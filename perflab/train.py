@@ -8,21 +8,23 @@ compiled model) so it stays visible.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
-from perflab.data import infinite_batches, make_loader
+from perflab.data import make_loader
 from perflab.env import env_summary
-from perflab.memory import read_peak, reset_peak
+from perflab.loading import BatchStream
+from perflab.measurement import Measurement
+from perflab.memory import PeakMemory, read_peak, reset_peak
 from perflab.models import build_model
 from perflab.result import RunResult
 from perflab.timing import PhaseTimer, Stopwatch
 
-__all__ = ["run", "train_step", "build_training", "AMP_DTYPES"]
+__all__ = ["run", "run_interleaved", "train_step", "build_training", "AMP_DTYPES"]
 
 #: autocast dtype per ``RunConfig.amp`` mode (None = fp32, autocast disabled).
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -106,8 +108,10 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
     """Train ``config.warmup_steps + config.steps`` steps and measure each phase.
 
     Each step is timed (synchronised with the device; CUDA events on GPU) as data-wait
-    (next batch + host-to-device copy), forward (model + loss), backward and optimizer;
-    the first ``warmup_steps`` are excluded from the statistics.
+    (next batch + host-to-device copy, and for a decoded cache the on-device
+    augmentation: see :class:`perflab.loading.BatchStream`), forward (model + loss),
+    backward and optimizer; the first ``warmup_steps`` are excluded from the statistics.
+    With ``config.compute_only`` the data phase returns one kept batch (the bound).
 
     Args:
         config: the experiment.
@@ -132,10 +136,9 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
         loader, model, optimizer, device = build_training(config)
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
         scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
-        memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
         was_reset = reset_peak(device)
         timer = PhaseTimer(device)
-        batches = infinite_batches(loader)
+        batches = BatchStream(loader, config, device)
         losses: list[float] = []
         total = config.warmup_steps + config.steps
         bar = tqdm(range(total), desc=config.display_label(), unit="step",
@@ -143,10 +146,7 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
         for _ in bar:
             with timer.step():
                 with timer.phase("data"):
-                    x, y = next(batches)       # (B, 3, H, W) float32, (B,) int64
-                    x = x.to(device, non_blocking=config.pin_memory,
-                             memory_format=memory_format)
-                    y = y.to(device, non_blocking=config.pin_memory)
+                    x, y = next(batches)  # on device: (B, 3, H, W) float32, (B,) int64
                 loss = train_step(model, x, y, optimizer, timer, amp=config.amp,
                                   scaler=scaler)
             losses.append(float(loss))
@@ -167,3 +167,43 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
                        env=env, num_classes=len(loader.dataset.classes),
                        wall_s=wall.elapsed_s)
     return result.save(results_dir) if save else result
+
+
+def run_interleaved(configs: Sequence[RunConfig], *, rounds: int = 2, progress: bool = True,
+                    save: bool = False, results_dir: str | None = None) -> list[RunResult]:
+    """Run each config ``rounds`` times, alternating (A B A B ...), and pool the rounds.
+
+    On a shared or thermally throttling machine, speed drifts over tens of seconds;
+    measuring A entirely before B puts that drift into the comparison. Alternating
+    spreads it over both. Each round is a full :func:`run` (its own warm-up dropped);
+    the returned results hold every round's measured steps (``steps x rounds``
+    samples per phase), the first round's losses (every round starts from the same
+    seed), the highest peak memory and the summed wall time.
+
+    Raises:
+        ValueError: ``rounds`` < 1 or no configs; anything :func:`run` raises.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if not configs:
+        raise ValueError("run_interleaved needs at least one RunConfig")
+    per_config: list[list[RunResult]] = [[] for _ in configs]
+    for _ in range(rounds):
+        for i, config in enumerate(configs):
+            per_config[i].append(run(config, progress=progress, save=False))
+    pooled = [_pool(rs) for rs in per_config]
+    return [r.save(results_dir) if save else r for r in pooled]
+
+
+def _pool(results: list[RunResult]) -> RunResult:
+    first = results[0]
+    phases = {name: Measurement(label=m.label,
+                                times_s=sum((r.phases[name].times_s for r in results), ()),
+                                warmup_s=sum((r.phases[name].warmup_s for r in results), ()),
+                                samples_per_step=m.samples_per_step)
+              for name, m in first.phases.items()}
+    peak = max((r.peak_memory for r in results), key=lambda p: p.peak_bytes)
+    env = dict(first.env, rounds=len(results))
+    return RunResult(config=first.config, phases=phases, losses=first.losses,
+                     peak_memory=PeakMemory(peak.peak_bytes, peak.kind), env=env,
+                     num_classes=first.num_classes, wall_s=sum(r.wall_s for r in results))

@@ -32,6 +32,13 @@ from perflab.config import PRESETS, RunConfig, resolve_device
     (dict(checkpointing=True), "checkpointing must be 'none', 'per_stage' or an int"),
     (dict(checkpointing=6), "ResNet-18 has 5 stages"),
     (dict(checkpointing="per_stage", model="tiny"), "needs model='resnet18'"),
+    (dict(storage_latency_ms=-1), "storage_latency_ms must be a number of milliseconds"),
+    (dict(storage_latency_ms=5000), r"in 0\.\.\.1000 \(0 = off\)"),
+    (dict(storage_latency_ms=True), "storage_latency_ms must be a number"),
+    (dict(storage_latency_ms="5"), "storage_latency_ms must be a number"),
+    (dict(decoded_cache="disk"), "decoded_cache must be one of"),
+    (dict(device_prefetch=1), "device_prefetch must be True or False"),
+    (dict(compute_only="yes"), "compute_only must be True or False"),
 ])
 def test_invalid_values_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -130,3 +137,18 @@ def test_labels_and_round_trip():
     assert RunConfig(label="mine").display_label() == "mine"
     assert RunConfig().display_label() == "default"
     assert RunConfig.from_dict({**c.to_dict(), "future_field": 1}) == c
+
+
+def test_lab02_fields_default_off_and_label():
+    c = RunConfig()
+    assert (c.storage_latency_ms, c.decoded_cache, c.device_prefetch, c.compute_only) == \
+        (0.0, "off", False, False)
+    slow = RunConfig(storage_latency_ms=4, num_workers=2)
+    assert slow.display_label() == "workers=2 simulated storage +4 ms/file"
+    assert RunConfig(label="slow", storage_latency_ms=2.5).display_label() == \
+        "slow (simulated storage +2.5 ms/file)"
+    assert RunConfig(label="simulated slow disk", storage_latency_ms=2).display_label() == \
+        "simulated slow disk"
+    assert RunConfig(compute_only=True).display_label() == "compute-only bound"
+    assert RunConfig(decoded_cache="mmap", device_prefetch=True).display_label() == \
+        "cache=mmap device_prefetch=True"

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perflab.course import build_lab, build_labs, graded_cells
+from perflab.course import build_lab, build_labs, graded_cells, record_check_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +71,60 @@ def test_build_errors(tmp_path):
     ])
     with pytest.raises(ValueError, match="non-solution cell"):
         build_labs(sol, tmp_path / "labs")
+
+
+def test_build_globs_every_lab_and_ignores_other_files(tmp_path):
+    sol = _nb(tmp_path, [_cell("assert True", grade=True, solution=False, grade_id="c",
+                               points=1)])
+    (sol / "01_x.ipynb").rename(sol / "07_y.ipynb")
+    _nb(tmp_path, [_cell("assert True", grade=True, solution=False, grade_id="c", points=1)])
+    (sol / "scratch.ipynb").write_text("not a lab")
+    labs = tmp_path / "labs"
+    assert build_labs(sol, labs) == [labs / "01_x.ipynb", labs / "07_y.ipynb"]
+    assert sorted(p.name for p in labs.iterdir()) == ["01_x.ipynb", "07_y.ipynb"]
+
+
+def test_record_check_outputs_keeps_only_check_outputs(tmp_path):
+    check = _cell('x = 3\nprint("PASS: x is", x)', grade=True, solution=False, grade_id="c",
+                  points=1)
+    check.metadata["tags"] = ["nbval-check-output"]
+    sol = _nb(tmp_path, [_cell('print("timing: 1.2 ms")\ny = 1'), check])
+    path = sol / "01_x.ipynb"
+    assert record_check_outputs(path, cell_timeout_s=60) == ["PASS: x is 3\n"]
+    nb = nbformat.read(str(path), as_version=4)
+    assert nb.cells[0].outputs == [] and nb.cells[0].execution_count is None
+    assert nb.cells[1].outputs[0].text == "PASS: x is 3\n" and nb.cells[1].execution_count
+
+
+def test_record_check_outputs_errors(tmp_path):
+    sol = _nb(tmp_path, [_cell("x = 1")])
+    with pytest.raises(ValueError, match="no cell is tagged 'nbval-check-output'"):
+        record_check_outputs(sol / "01_x.ipynb")
+    check = _cell("1 / 0", grade=True, solution=False, grade_id="c", points=1)
+    check.metadata["tags"] = ["nbval-check-output"]
+    sol = _nb(tmp_path, [check])
+    before = (sol / "01_x.ipynb").read_text()
+    with pytest.raises(ValueError, match="a cell raised, nothing written"):
+        record_check_outputs(sol / "01_x.ipynb", cell_timeout_s=60)
+    assert (sol / "01_x.ipynb").read_text() == before
+
+
+def test_nbval_times_summary():
+    from types import SimpleNamespace
+
+    from perflab import _nbval_times as times
+
+    times.pytest_configure(None)
+    for nodeid, s, failed in [("solutions/01_a.ipynb::Cell 0", 2.0, False),
+                              ("solutions/01_a.ipynb::Cell 1", 1.5, True),
+                              ("tests/test_x.py::test_y", 9.0, False)]:
+        times.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, duration=s,
+                                                       failed=failed))
+    lines: list[str] = []
+    tr = SimpleNamespace(section=lambda title: lines.append(f"== {title}"),
+                         write_line=lines.append)
+    times.pytest_terminal_summary(tr)
+    times.pytest_configure(None)
+    assert lines == ["== nbval wall time per notebook",
+                     "     3.5 s  solutions/01_a.ipynb  (1 failed cells)",
+                     "     3.5 s  all 1 notebooks"]

@@ -196,3 +196,38 @@ def test_infinite_batches_crosses_epochs(patches):
 def test_infinite_batches_refuses_an_empty_loader():
     with pytest.raises(ValueError, match="no batch"):
         next(infinite_batches(torch.utils.data.DataLoader([])))
+
+
+def test_simulated_storage_latency_sleeps_per_file(patches):
+    from perflab.timing import Stopwatch
+
+    ds = ImageFolderDataset(patches, "train", image_size=16, storage_latency_s=0.02)
+    assert "simulated storage latency 20 ms/file" in repr(ds)
+    with Stopwatch() as sw:
+        ds[0]
+    assert sw.elapsed_s >= 0.02
+    cfg = RunConfig(dataset=str(patches), image_size=16, batch_size=2, storage_latency_ms=3)
+    assert make_loader(cfg).dataset.storage_latency_s == pytest.approx(0.003)
+
+
+def test_validation_is_remembered_until_a_file_changes(tmp_path):
+    root = folder(tmp_path, {"a": 2})
+    ImageFolderDataset(root)  # passes and is remembered
+    path = root / "train" / "a" / "0.JPG"
+    path.write_bytes(path.read_bytes()[:-200])  # changed size: checked again
+    with pytest.raises(ValueError, match="truncated"):
+        ImageFolderDataset(root)
+
+
+def test_loader_seeds_workers_and_caches(patches, tmp_path, monkeypatch):
+    from perflab.data import seed_worker
+
+    monkeypatch.setenv("PERFLAB_DATA", str(tmp_path))
+    cfg = RunConfig(dataset=str(patches), image_size=16, batch_size=4, num_workers=1)
+    assert make_loader(cfg).worker_init_fn is seed_worker
+    assert make_loader(cfg.replace(num_workers=0)).worker_init_fn is None
+    cached = make_loader(cfg.replace(decoded_cache="memory"))
+    x, y = next(iter(cached))
+    assert x.dtype == torch.uint8 and x.shape == (4, 3, 20, 20) and y.shape == (4,)
+    val = make_loader(cfg.replace(decoded_cache="memory"), split="val")  # no cache for eval
+    assert val.dataset.__class__.__name__ == "ImageFolderDataset"

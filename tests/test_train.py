@@ -99,7 +99,10 @@ def test_bad_dataset_fails_before_training(tmp_path, results_dir):
 
 
 @pytest.mark.parametrize("changes", [dict(amp="bf16"), dict(channels_last=True),
-                                     dict(model="resnet18", checkpointing="per_stage")])
+                                     dict(model="resnet18", checkpointing="per_stage"),
+                                     dict(decoded_cache="memory", device_prefetch=True),
+                                     dict(storage_latency_ms=1.0, num_workers=1),
+                                     dict(compute_only=True, num_workers=1)])
 def test_technique_knobs_run(tiny_dataset, results_dir, changes):
     cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
                     steps=2, warmup_steps=0).replace(**changes)
@@ -120,3 +123,28 @@ def test_train_step_bf16_matches_fp32_loosely():
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         losses[amp] = float(train_step(m, x, y, opt, amp=amp))
     assert losses["off"] == pytest.approx(losses["bf16"], rel=0.05)
+
+
+def test_compute_only_has_no_data_wait(tiny_dataset, results_dir):
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=4, warmup_steps=1, storage_latency_ms=20.0)
+    slow = run(cfg, progress=False, save=False)
+    bound = run(cfg.replace(compute_only=True), progress=False, save=False)
+    assert slow.phases["data"].median >= 4 * 0.020  # 4 files x 20 ms, simulated
+    assert bound.phases["data"].median < slow.phases["data"].median / 10  # a kept batch
+    assert bound.phases["data"].warmup_s[0] >= 4 * 0.020  # the one batch was loaded
+
+
+def test_run_interleaved_pools_rounds(tiny_dataset, results_dir):
+    from perflab.train import run_interleaved
+
+    a = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                  steps=3, warmup_steps=1)
+    ra, rb = run_interleaved([a, a.replace(amp="bf16")], rounds=2, progress=False)
+    assert ra.step.n == 6 and len(ra.step.warmup_s) == 2 and rb.config.amp == "bf16"
+    assert len(ra.losses) == 4 and ra.env["rounds"] == 2
+    assert not results_dir.exists()
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        run_interleaved([a], rounds=0)
+    with pytest.raises(ValueError, match="at least one RunConfig"):
+        run_interleaved([])

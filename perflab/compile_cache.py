@@ -1,0 +1,133 @@
+"""Inductor's compile cache: the same compile, cold and warm, each in a fresh process.
+
+``torch.compile`` keeps its work on disk under ``TORCHINDUCTOR_CACHE_DIR`` (the FX
+graph cache, the AOTAutograd cache, compiled C++/Triton kernels), so a second process
+compiling the same model skips most of the work (PyTorch tutorial, "Compile Time
+Caching in torch.compile"). A fresh process is needed to see it: inside one process
+dynamo's in-memory caches would hide the disk cache. :func:`run_in_fresh_process` runs
+:func:`perflab.run` with ``config.compile`` in a new Python process with a given cache
+directory and returns the :class:`~perflab.RunResult` and the generated kernels.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from perflab.compilation import CompileTiming, KernelSummary, compile_overhead_s
+from perflab.config import RunConfig
+from perflab.result import RunResult, default_results_dir
+from perflab.timing import Stopwatch
+
+__all__ = ["inductor_cache_dir", "CacheRun", "run_in_fresh_process", "timing_from_runs"]
+
+
+def inductor_cache_dir(name: str = "lab05", root: str | Path | None = None) -> Path:
+    """``<results>/inductor-cache/<name>``: a predictable cache directory (not created).
+
+    ``root`` defaults to :func:`perflab.result.default_results_dir` (``$PERFLAB_RESULTS``
+    or ``results/``), so CI can keep it between the steps of one job.
+    """
+    return Path(root or default_results_dir()) / "inductor-cache" / name
+
+
+@dataclass(frozen=True, eq=False)
+class CacheRun:
+    """One compiled run in a fresh process.
+
+    Attributes:
+        result: the run's :class:`RunResult` (``result.step.warmup_s`` holds the compile).
+        cache_dir: the ``TORCHINDUCTOR_CACHE_DIR`` it used.
+        cold: True when that directory was empty (or missing) before the run.
+        kernels: what inductor generated for the model (forward and backward graphs).
+        process_s: wall-clock seconds of the whole process (start-up and imports too).
+    """
+
+    result: RunResult
+    cache_dir: str
+    cold: bool
+    kernels: KernelSummary
+    process_s: float
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds of the warm-up steps beyond the steady state
+        (:func:`~perflab.compilation.compile_overhead_s`)."""
+        return compile_overhead_s(self.result.step)
+
+    def __repr__(self) -> str:
+        return (f"CacheRun({'cold' if self.cold else 'warm'} cache: compile "
+                f"{self.compile_s:.1f} s, step {self.result.step.median * 1e3:.1f} ms, "
+                f"{len(self.kernels.fused)} generated kernels, process {self.process_s:.1f} s)")
+
+
+def run_in_fresh_process(config: RunConfig, cache_dir: str | Path, *, clear: bool = False,
+                         timeout_s: float = 900) -> CacheRun:
+    """Run ``perflab.run(config)`` in a new Python process using ``cache_dir``.
+
+    Args:
+        config: a config with ``compile`` set (anything but "off").
+        cache_dir: becomes ``TORCHINDUCTOR_CACHE_DIR`` for the process (created).
+        clear: delete the directory first, so the compile is cold.
+        timeout_s: kill the process after this many seconds.
+
+    Raises:
+        ValueError: ``config.compile == "off"``.
+        RuntimeError: the process failed (its last output lines are in the message).
+        subprocess.TimeoutExpired: it ran longer than ``timeout_s``.
+    """
+    if config.compile == "off":
+        raise ValueError("config.compile is 'off': nothing to compile; use "
+                         "config.replace(compile='default')")
+    cache = Path(cache_dir)
+    if clear and cache.exists():
+        shutil.rmtree(cache)
+    cold = not cache.exists() or not any(cache.iterdir())
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache.resolve())}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-c", "from perflab.compile_cache import _worker; _worker()",
+               json.dumps(config.to_dict()), str(out)]
+        with Stopwatch() as sw:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=timeout_s)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise RuntimeError(f"the compile run failed (exit {proc.returncode}):\n{tail}")
+        d = json.loads(out.read_text())
+    return CacheRun(result=RunResult.from_dict(d["result"]), cache_dir=str(cache),
+                    cold=cold, kernels=KernelSummary(tuple(d["fused"]), d["library"]),
+                    process_s=sw.elapsed_s)
+
+
+def _worker() -> None:
+    """Entry point of the child process: argv = [config JSON, output path]."""
+    from perflab.compilation import generated_code, kernel_summary
+    from perflab.train import run
+
+    config = RunConfig.from_dict(json.loads(sys.argv[1]))
+    result, code = generated_code(lambda: run(config, progress=False, save=False))
+    k = kernel_summary(code)
+    Path(sys.argv[2]).write_text(json.dumps(
+        {"result": result.to_dict(), "fused": list(k.fused), "library": k.library}))
+
+
+def timing_from_runs(eager: RunResult, compiled: RunResult, label: str) -> CompileTiming:
+    """A :class:`~perflab.compilation.CompileTiming` from two runs of the same config,
+    one with ``compile="off"`` and one compiled (whole training steps, seconds).
+
+    Raises:
+        ValueError: ``eager`` is compiled or ``compiled`` is not.
+    """
+    if eager.config.compile != "off" or compiled.config.compile == "off":
+        raise ValueError(f"need an eager run and a compiled run, got compile="
+                         f"{eager.config.compile!r} and {compiled.config.compile!r}")
+    return CompileTiming(label, eager.step.relabel(f"{label} eager"),
+                         compiled.step.relabel(f"{label} compiled"),
+                         compile_overhead_s(compiled.step))

@@ -1,0 +1,84 @@
+"""A model, optimizer and fixed synthetic batch built from a ``RunConfig``, without data.
+
+Memory and compile experiments (Labs 04 and 05) measure the model, not the input
+pipeline: a fixed random batch of the configured size makes every measurement
+deterministic (memory bytes do not depend on pixel values) and keeps loader time out
+of compute timings. The model is set up exactly as :func:`perflab.train.build_training`
+sets it up (checkpointing, channels_last, SGD with momentum 0.9); ``torch.compile`` is
+left to the caller.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from perflab.config import RunConfig
+from perflab.models import build_model
+
+__all__ = ["NUM_CLASSES", "TrainingParts", "synthetic_batch", "training_parts"]
+
+#: Classes of the embedded photo-patches dataset, used for the synthetic labels.
+NUM_CLASSES = 10
+
+
+def synthetic_batch(config: RunConfig, batch_size: int | None = None, *,
+                    device: torch.device | str | None = None,
+                    num_classes: int = NUM_CLASSES) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random batch shaped like ``config``'s training batches.
+
+    Args:
+        config: gives image_size, batch_size, seed, channels_last and the device.
+        batch_size: overrides ``config.batch_size`` (>= 1).
+        device: overrides ``config.resolved_device()``.
+        num_classes: labels are drawn from ``0..num_classes-1``.
+
+    Returns:
+        ``x`` (B, 3, S, S) float32 (channels_last if the config says so) and ``y`` (B,)
+        int64, on the device.
+
+    Raises:
+        ValueError: ``batch_size < 1``.
+    """
+    b = config.batch_size if batch_size is None else batch_size
+    if b < 1:
+        raise ValueError(f"batch_size must be >= 1, got {b}")
+    dev = torch.device(device) if device is not None else config.resolved_device()
+    gen = torch.Generator().manual_seed(config.seed)
+    s = config.image_size
+    x = torch.randn(b, 3, s, s, generator=gen)                 # (B, 3, S, S) float32
+    y = torch.randint(0, num_classes, (b,), generator=gen)     # (B,) int64
+    fmt = torch.channels_last if config.channels_last else torch.contiguous_format
+    return x.to(dev, memory_format=fmt), y.to(dev)
+
+
+@dataclass(eq=False)
+class TrainingParts:
+    """What one training step needs: ``model`` (train mode), ``optimizer``, the
+    synthetic batch ``x`` (B, 3, S, S) / ``y`` (B,), and the ``device``."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    x: torch.Tensor
+    y: torch.Tensor
+    device: torch.device
+
+
+def training_parts(config: RunConfig, batch_size: int | None = None) -> TrainingParts:
+    """Model and optimizer as :func:`~perflab.train.build_training` makes them, with a
+    :func:`synthetic_batch` instead of a data loader; seeded by ``config.seed``.
+
+    ``config.compile`` is not applied: wrap ``parts.model`` in ``torch.compile`` to
+    measure compilation separately.
+    """
+    device = config.resolved_device()
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, NUM_CLASSES).to(device).train()
+    if config.checkpointing != "none":
+        model.set_checkpointing(config.checkpointing)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    x, y = synthetic_batch(config, batch_size, device=device)
+    return TrainingParts(model, optimizer, x, y, device)

@@ -1,0 +1,1 @@
+"""Real-browser tests: JupyterLab in headless Chromium (see conftest.py)."""

@@ -1,0 +1,52 @@
+"""Fixtures for the real-browser tests: one JupyterLab server and one headless Chromium
+for the whole session. They skip, saying why, when Debian's chromium or Playwright for
+Python is missing (`.ci/run` installs both, so CI runs them)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .labserver import OUTPUT, LabServer, solution_notebooks
+
+CHROMIUM = Path(os.environ.get("PERFLAB_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 (free port, random token) serving a copy of solutions/."""
+    tmp = tmp_path_factory.mktemp("jupyterlab")
+    root = tmp / "notebooks"
+    root.mkdir()
+    for nb in solution_notebooks():
+        shutil.copy(nb, root / nb.name)
+    env = {"PERFLAB_RESULTS": str(tmp / "results"),  # the browser checks rendering:
+           "PERFLAB_PRESET": os.environ.get("PERFLAB_PRESET", "quick")}  # quick size
+    server = LabServer(root, tmp, log=OUTPUT / "jupyterlab.log", env=env)
+    server.start()
+    yield server
+    server.stop()
+    assert not server.processes(), f"left behind: {server.processes()}"
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory):
+    """A persistent headless Chromium context with a fresh user-data dir (no download)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium "
+                    "(apt-get install chromium) or set PERFLAB_CHROMIUM")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright for Python is not installed "
+        "(pip install -e '.[browser]')")
+    with sync_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000})
+        yield context
+        context.close()
