@@ -223,7 +223,9 @@ def count_compiles(fn: Callable[..., Any], inputs: Sequence[tuple], *,
     for args in inputs[1:]:
         compiled(*args)
     graphs = counters["stats"]["unique_graphs"]
-    reasons = tuple(r for rs in guard_failures.values() for r in rs)
+    # the first line of each failure, without dynamo's source comment
+    reasons = tuple(" ".join(r.splitlines()[0].split("#")[0].split())
+                    for rs in guard_failures.values() for r in rs)
     return CompileCount(calls=len(inputs), frames=counters["frames"]["ok"], graphs=graphs,
                         recompiles=graphs - first, reasons=reasons)
 

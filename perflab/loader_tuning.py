@@ -62,8 +62,7 @@ def _row(result: RunResult, bound: RunResult | None, first: FirstBatch | None) -
                    efficiency_ci_high_pct=100 * e.ci95[1])
     if first is not None:
         row.update(worker_startup_s=first.worker_startup_s,
-                   first_batch_s=first.first_batch_s,
-                   next_epoch_first_batch_s=first.next_epoch_first_batch_s)
+                   first_batch_s=first.first_batch_s)
     row["noisy"] = result.step.noisy
     return row
 
@@ -145,8 +144,8 @@ def sweep_loader(config: RunConfig, *, num_workers: Sequence[int] | None = None,
         A :class:`LoaderSweep` whose ``table`` has columns label, num_workers,
         pin_memory, persistent_workers, prefetch_factor, samples_per_s,
         samples_per_s_ci_low/high (95 % CI), step_ms (median), data_wait_pct,
-        efficiency_pct with efficiency_ci_low/high_pct (vs the bound), worker_startup_s,
-        first_batch_s, next_epoch_first_batch_s (with ``first_batch``), noisy.
+        efficiency_pct with efficiency_ci_low/high_pct (vs the bound), worker_startup_s
+        and first_batch_s (with ``first_batch``), noisy.
 
     Raises:
         ValueError: an empty axis, an invalid combination (e.g. pin_memory=True

@@ -176,26 +176,24 @@ class BatchStream:
 
 @dataclass(frozen=True)
 class FirstBatch:
-    """One-off costs of a loader, seconds (one sample each: they happen once per epoch).
+    """One-off costs of starting a loader's epoch, seconds (single samples: they
+    happen once per epoch, or once per run with persistent workers).
 
     Attributes:
-        worker_startup_s: ``iter(loader)`` of the first epoch: starting the worker
-            processes (about 0 with num_workers=0).
+        worker_startup_s: ``iter(loader)``: starting the worker processes (about 0
+            with num_workers=0; paid every epoch unless workers are persistent).
         first_batch_s: ``iter(loader)`` plus the first ``next``: what the first step
-            of training waits for.
-        next_epoch_first_batch_s: the same at the start of the next epoch; persistent
-            workers skip the start-up here.
+            of an epoch waits for.
     """
 
     worker_startup_s: float
     first_batch_s: float
-    next_epoch_first_batch_s: float
 
 
 def time_first_batch(config: RunConfig) -> FirstBatch:
     """Measure ``config``'s loader start-up and time to first batch (see
-    :class:`FirstBatch`). Building the loader (validation, a decoded cache) is not
-    timed. Raises what :func:`perflab.data.make_loader` raises."""
+    :class:`FirstBatch`) on a fresh loader. Building the loader (validation, a decoded
+    cache) is not timed. Raises what :func:`perflab.data.make_loader` raises."""
     from perflab.data import make_loader
 
     loader = make_loader(config)
@@ -203,12 +201,8 @@ def time_first_batch(config: RunConfig) -> FirstBatch:
         it = iter(loader)
     with Stopwatch() as first:
         next(it)
-    del it  # non-persistent workers shut down here; persistent ones stay for epoch 2
-    with Stopwatch() as again:
-        next(iter(loader))
-    del loader
-    return FirstBatch(startup.elapsed_s, startup.elapsed_s + first.elapsed_s,
-                      again.elapsed_s)
+    del it, loader  # the last references: workers (persistent ones too) shut down now
+    return FirstBatch(startup.elapsed_s, startup.elapsed_s + first.elapsed_s)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ class MaxBatch:
     """Result of :func:`find_max_batch`.
 
     Attributes:
-        batch_size: the largest batch size that fitted (0 if none did).
+        batch_size: the largest batch size that fitted (0 if not even 2 did: BatchNorm
+            needs two samples to train).
         method: how fitting was decided (OOM search or the CPU byte budget).
         budget_bytes: the budget, or None (a GPU search without one).
         trials: one row per size tried, in order: ``batch_size``, ``fits``, ``bytes``
@@ -60,8 +61,9 @@ class MaxBatch:
 
 
 def search_max_batch(fits: Callable[[int], tuple[bool, int | None, str]], *,
-                     start: int = 8, limit: int = 4096) -> tuple[int, pd.DataFrame, bool]:
-    """Largest n in [1, limit] with ``fits(n)``, assuming fitting is monotone in n.
+                     start: int = 8, limit: int = 4096, minimum: int = 1
+                     ) -> tuple[int, pd.DataFrame, bool]:
+    """Largest n in [minimum, limit] with ``fits(n)``, assuming fitting is monotone in n.
 
     Gallops from ``start`` (a guess: steps of 1, 2, 4, ... up while sizes fit, or down
     while they do not), then bisects between the last size that fitted and the first
@@ -69,18 +71,20 @@ def search_max_batch(fits: Callable[[int], tuple[bool, int | None, str]], *,
 
     Args:
         fits: ``fits(n) -> (fits, bytes or None, note)`` for batch size n.
-        start: the first size tried (a guess, 1 <= start <= limit).
+        start: the first size tried (a guess, minimum <= start <= limit).
         limit: the largest size tried.
+        minimum: the smallest size tried (>= 1).
 
     Returns:
-        (largest fitting size, 0 if even 1 did not fit; the table of trials, in order:
-        batch_size, fits, bytes, note; whether ``limit`` itself fitted).
+        (largest fitting size, 0 if even ``minimum`` did not fit; the table of trials, in
+        order: batch_size, fits, bytes, note; whether ``limit`` itself fitted).
 
     Raises:
-        ValueError: start < 1 or limit < start.
+        ValueError: unless 1 <= minimum <= start <= limit.
     """
-    if start < 1 or limit < start:
-        raise ValueError(f"need 1 <= start <= limit, got start={start}, limit={limit}")
+    if not 1 <= minimum <= start <= limit:
+        raise ValueError(f"need 1 <= minimum <= start <= limit, got minimum={minimum}, "
+                         f"start={start}, limit={limit}")
     trials = []
 
     def attempt(n: int) -> bool:
@@ -98,9 +102,9 @@ def search_max_batch(fits: Callable[[int], tuple[bool, int | None, str]], *,
                 break
             good, step = n, step * 2
     else:
-        good, bad = 0, start
-        while bad > 1:                         # gallop down
-            n = max(bad - step, 1)
+        good, bad = minimum - 1, start
+        while bad > minimum:                   # gallop down
+            n = max(bad - step, minimum)
             if attempt(n):
                 good = n
                 break
@@ -112,7 +116,7 @@ def search_max_batch(fits: Callable[[int], tuple[bool, int | None, str]], *,
         else:
             bad = mid
     table = pd.DataFrame(trials, columns=["batch_size", "fits", "bytes", "note"])
-    return good, table, good == limit
+    return (good if good >= minimum else 0), table, good == limit
 
 
 def cpu_step_bytes(config: RunConfig) -> Callable[[int], dict[str, int]]:
@@ -209,8 +213,8 @@ def find_max_batch(config: RunConfig, *, budget_gib: float | None = None,
         if start is None:  # bytes are affine in the batch size: a guess from two sizes
             b2, b4 = sum(step_bytes(2).values()), sum(step_bytes(4).values())
             per_sample = max((b4 - b2) / 2, 1.0)
-            start = int(min(max((budget - (b2 - 2 * per_sample)) // per_sample, 1), limit))
-        best, trials, hit = search_max_batch(fits, start=start, limit=limit)
+            start = int(min(max((budget - (b2 - 2 * per_sample)) // per_sample, 2), limit))
+        best, trials, hit = search_max_batch(fits, start=start, limit=limit, minimum=2)
         return MaxBatch(best, "CPU budget: model state + saved activations + recompute "
                         "(measured bytes)", budget, trials, hit)
     total = torch.cuda.get_device_properties(dev).total_memory
@@ -221,7 +225,7 @@ def find_max_batch(config: RunConfig, *, budget_gib: float | None = None,
     if budget is not None:
         torch.cuda.set_per_process_memory_fraction(budget / total, dev)
     try:
-        best, trials, hit = search_max_batch(_cuda_fits(config), limit=limit,
+        best, trials, hit = search_max_batch(_cuda_fits(config), limit=limit, minimum=2,
                                              start=min(start or config.batch_size, limit))
     finally:
         if budget is not None:

@@ -219,8 +219,7 @@ def test_sweep_table_columns(tiny_dataset, results_dir):
         "label", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
         "samples_per_s", "samples_per_s_ci_low", "samples_per_s_ci_high", "step_ms",
         "data_wait_pct", "efficiency_pct", "efficiency_ci_low_pct",
-        "efficiency_ci_high_pct", "worker_startup_s", "first_batch_s",
-        "next_epoch_first_batch_s", "noisy"]
+        "efficiency_ci_high_pct", "worker_startup_s", "first_batch_s", "noisy"]
     # 0 workers cannot persist: three distinct settings, not four
     assert t[["num_workers", "persistent_workers"]].values.tolist() == [
         [0, False], [1, False], [1, True]]

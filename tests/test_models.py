@@ -117,3 +117,48 @@ def test_checkpointing_keeps_gradients(mode):
 def test_checkpointing_bad_mode(mode):
     with pytest.raises(ValueError, match="checkpointing must be"):
         resnet18(10).set_checkpointing(mode)
+
+
+@pytest.mark.parametrize("mode", ["per_stage", 2, 4])
+def test_checkpointing_keeps_outputs_and_loss(mode):
+    torch.manual_seed(0)
+    ref, ckpt = resnet18(10), resnet18(10)
+    ckpt.load_state_dict(ref.state_dict())
+    ckpt.set_checkpointing(mode)
+    x = torch.randn(4, 3, 32, 32)
+    torch.testing.assert_close(ckpt(x), ref(x), rtol=0, atol=0)  # the same ops, in order
+
+
+def test_checkpointing_counts_batchnorm_twice_in_training():
+    """The documented caveat: recomputation runs BatchNorm's forward again in train mode,
+    so running statistics are updated twice per step (gradients are unaffected)."""
+    torch.manual_seed(0)
+    ref, ckpt = resnet18(10), resnet18(10)
+    ckpt.load_state_dict(ref.state_dict())
+    ckpt.set_checkpointing("per_stage")
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    for m in (ref, ckpt):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    assert int(ref.bn1.num_batches_tracked) == 1
+    assert int(ckpt.bn1.num_batches_tracked) == 2
+    assert not torch.equal(ref.bn1.running_mean, ckpt.bn1.running_mean)
+
+
+def test_checkpointing_is_skipped_without_grad():
+    m = resnet18(10).set_checkpointing("per_stage").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = m(x)
+    assert out.grad_fn is None and out.shape == (2, 10)
+
+
+def test_per_stage_checkpointing_halves_saved_activations():
+    """The Lab 04 check's fact: per-stage checkpointing keeps only each stage's input."""
+    from perflab.memory import saved_activation_bytes
+
+    torch.manual_seed(0)
+    m = resnet18(10)
+    x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+    full = saved_activation_bytes(m, x, y).nbytes
+    m.set_checkpointing("per_stage")
+    assert saved_activation_bytes(m, x, y).nbytes <= 0.55 * full
