@@ -167,7 +167,10 @@ class LabServer:
         self.processes()
 
     def url_for(self, notebook: str) -> str:
-        return f"{self.base}/lab/tree/{notebook}?token={self.token}"
+        """The notebook alone in a fresh workspace of its own (no tabs restored from an
+        earlier page)."""
+        workspace = Path(notebook).stem.replace("_", "-")
+        return f"{self.base}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={self.token}"
 
 
 def _alive(p: psutil.Process) -> bool:
