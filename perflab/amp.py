@@ -105,23 +105,39 @@ def ops_kept_in_fp32(table: pd.DataFrame) -> list[str]:
 class Parity:
     """Per-step loss difference of ``other`` against ``reference``.
 
+    Step 0 starts from the same weights and batch, so its difference is the number
+    format's rounding alone. After it the weights differ slightly, later steps see
+    slightly different models, and training amplifies that (as two weather forecasts
+    from almost the same start drift apart): per-step differences then also measure
+    how chaotic training is. Moving averages over ``window`` steps show whether the
+    curves still *track* each other.
+
     Attributes:
         reference, other: the two runs' labels.
-        table: per step: ``step``, ``loss_reference``, ``loss_other``, ``abs_diff``.
+        table: per step: ``step``, ``loss_reference``, ``loss_other``, ``abs_diff``,
+            and ``smooth_reference``, ``smooth_other`` (trailing moving averages).
+        first_step_abs: |difference| at step 0 (same weights, same batch).
         max_abs, mean_abs: max and mean |loss_other - loss_reference| over the steps.
+        smooth_max_abs: max |difference| of the moving averages.
         mean_reference: mean reference loss (to read the differences against).
+        window: steps per moving average.
     """
 
     reference: str
     other: str
     table: pd.DataFrame
+    first_step_abs: float
     max_abs: float
     mean_abs: float
+    smooth_max_abs: float
     mean_reference: float
+    window: int
 
     def __repr__(self) -> str:
         return (f"Parity {self.other!r} vs {self.reference!r} over {len(self.table)} steps: "
-                f"max |diff| {self.max_abs:.4f}, mean |diff| {self.mean_abs:.4f} "
+                f"first step |diff| {self.first_step_abs:.4f}; max |diff| "
+                f"{self.max_abs:.4f}, mean |diff| {self.mean_abs:.4f}; "
+                f"{self.window}-step averages within {self.smooth_max_abs:.4f} "
                 f"(mean loss {self.mean_reference:.3f})")
 
 
@@ -130,7 +146,7 @@ _PARITY_FREE = {"label", "amp", "channels_last", "compile", "checkpointing", "th
                 "device_prefetch", "pin_memory", "storage_latency_ms"}
 
 
-def loss_parity(reference: RunResult, other: RunResult) -> Parity:
+def loss_parity(reference: RunResult, other: RunResult, *, window: int = 5) -> Parity:
     """Compare two runs' losses step by step (warm-up steps included).
 
     Both runs must train on the same batches from the same initial weights: every
@@ -139,10 +155,16 @@ def loss_parity(reference: RunResult, other: RunResult) -> Parity:
     storage_latency_ms). Loader workers are not free: which worker draws which
     augmentation depends on their number.
 
+    Args:
+        window: steps per trailing moving average (>= 1; fewer at the start).
+
     Raises:
         ValueError: the runs differ in a field that changes the batches or the
-            weights (named in the message), or have different numbers of losses.
+            weights (named in the message), have different numbers of losses, or
+            ``window`` < 1.
     """
+    if window < 1:
+        raise ValueError(f"window must be >= 1 step, got {window}")
     a, b = reference.config, other.config
     differ = sorted(k for k in a.to_dict() if k not in _PARITY_FREE
                     and getattr(a, k) != getattr(b, k))
@@ -156,10 +178,15 @@ def loss_parity(reference: RunResult, other: RunResult) -> Parity:
     table = pd.DataFrame({"step": range(len(reference.losses)),
                           "loss_reference": reference.losses, "loss_other": other.losses})
     table["abs_diff"] = (table["loss_other"] - table["loss_reference"]).abs()
+    for col in ("reference", "other"):
+        table[f"smooth_{col}"] = table[f"loss_{col}"].rolling(window, min_periods=1).mean()
+    smooth_diff = (table["smooth_other"] - table["smooth_reference"]).abs()
     return Parity(reference=reference.label, other=other.label, table=table,
+                  first_step_abs=float(table["abs_diff"].iloc[0]),
                   max_abs=float(table["abs_diff"].max()),
                   mean_abs=float(table["abs_diff"].mean()),
-                  mean_reference=float(table["loss_reference"].mean()))
+                  smooth_max_abs=float(smooth_diff.max()),
+                  mean_reference=float(table["loss_reference"].mean()), window=window)
 
 
 def plot_parity(parities: list[Parity]):
@@ -178,13 +205,18 @@ def plot_parity(parities: list[Parity]):
     fig = _Figure(figsize=(8.0, 5.5), layout="constrained")
     ax_loss, ax_diff = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     ref = parities[0].table
-    ax_loss.plot(ref["step"], ref["loss_reference"], color="black", lw=2,
-                 label=parities[0].reference)
+    ax_loss.plot(ref["step"], ref["loss_reference"], color="black", lw=0.8, alpha=0.4)
+    ax_loss.plot(ref["step"], ref["smooth_reference"], color="black", lw=2,
+                 label=f"{parities[0].reference} ({parities[0].window}-step average)")
     for p in parities:
-        ax_loss.plot(p.table["step"], p.table["loss_other"], marker=".", label=p.other)
-        ax_diff.plot(p.table["step"], p.table["abs_diff"], marker=".",
-                     label=f"{p.other}: max {p.max_abs:.3g}, mean {p.mean_abs:.3g}")
-    ax_loss.set(ylabel="training loss", title="same seed, same batches: loss per step")
+        line, = ax_loss.plot(p.table["step"], p.table["loss_other"], lw=0.8, alpha=0.4)
+        ax_loss.plot(p.table["step"], p.table["smooth_other"], lw=2, color=line.get_color(),
+                     label=f"{p.other} ({p.window}-step average)")
+        ax_diff.plot(p.table["step"], p.table["abs_diff"], marker=".", color=line.get_color(),
+                     label=f"{p.other}: first step {p.first_step_abs:.2g}, "
+                           f"max {p.max_abs:.3g}, mean {p.mean_abs:.3g}")
+    ax_loss.set(ylabel="training loss (thin: per step)",
+                title="same seed, same batches: loss per step")
     ax_diff.set(xlabel="step (warm-up included)", ylabel="|loss - reference|")
     for ax in (ax_loss, ax_diff):
         ax.grid(alpha=0.3)

@@ -9,7 +9,9 @@
 * :func:`generated_code` and :func:`kernel_summary` read what inductor generated:
   fused kernels (``cpp_fused_*`` on CPU, ``triton_*`` on GPU) and calls to library
   kernels (convolutions, matmuls) that it did not generate.
-* :func:`pointwise_chain` is a fusion-bound workload.
+* :func:`op_time_share` says how much of a step the library kernels take.
+
+The workloads (a fusion-bound pointwise chain, ResNet-18) are in :mod:`perflab.workloads`.
 
 Inductor's compile cache (warm vs cold, in fresh processes) lives in
 :mod:`perflab.compile_cache`.
@@ -23,15 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from perflab.measurement import Comparison, Measurement, compare
 from perflab.timing import measure
 
 __all__ = ["compile_overhead_s", "break_even_steps", "describe_break_even", "CompileTiming",
            "time_compile", "GraphBreaks", "graph_breaks", "CompileCount", "count_compiles",
-           "generated_code", "KernelSummary", "kernel_summary", "pointwise_chain",
-           "pointwise_inputs"]
+           "generated_code", "KernelSummary", "kernel_summary", "op_time_share"]
 
 
 # -- when does compiling pay? ----------------------------------------------------------
@@ -135,13 +135,11 @@ def time_compile(eager_fn: Callable[[], Any], compiled_fn: Callable[[], Any], *,
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1 so the compiling call is not timed as a "
                          f"steady-state call, got {warmup}")
-    fn = compiled_fn
-    if inductor_config:
-        import torch._inductor.config as inductor_cfg
+    import torch._inductor.config as inductor_cfg
 
-        def fn() -> Any:
-            with inductor_cfg.patch(**inductor_config):
-                return compiled_fn()
+    def fn() -> Any:
+        with inductor_cfg.patch(**(inductor_config or {})):
+            return compiled_fn()
     kw = dict(warmup=warmup, repeats=repeats, device=device, samples_per_call=samples_per_call)
     eager = measure(eager_fn, label=f"{label} eager", **kw)
     compiled = measure(fn, label=f"{label} compiled", **kw)
@@ -285,24 +283,20 @@ def kernel_summary(code: str | Sequence[str]) -> KernelSummary:
     return KernelSummary(tuple(fused), dict(library))
 
 
-# -- a fusion-bound workload -----------------------------------------------------------
-def pointwise_chain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """LayerNorm, GELU and four elementwise ops: (N, D) float32 -> (N, D) float32.
+def op_time_share(fn: Callable[[], Any], substrings: Sequence[str],
+                  device: torch.device | str = "cpu") -> float:
+    """Share (0..1) of one ``fn()`` call's operator self time spent in operators whose
+    name contains any of ``substrings`` (e.g. ``("convolution",)``), from
+    ``torch.profiler``'s ``key_averages`` (self CPU time; self device time on CUDA).
+    Run ``fn`` once before, so one-time costs are not profiled."""
+    from torch.profiler import ProfilerActivity, profile
 
-    Eagerly each of the 7 operators reads and writes the whole (N, D) tensor; fused,
-    one pass reads ``x`` and writes the result. Memory-bound, so fusion pays.
-    """
-    y = F.layer_norm(x, x.shape[-1:], weight, bias)   # (N, D)
-    y = F.gelu(y)
-    y = y * 1.5 + 0.5
-    y = torch.tanh(y) * y
-    return y + x
-
-
-def pointwise_inputs(rows: int = 4096, dim: int = 1024, *, seed: int = 0,
-                     device: torch.device | str = "cpu"
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Seeded ``x`` (rows, dim), ``weight`` (dim,), ``bias`` (dim,), float32."""
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(*s, generator=g).to(device)  # type: ignore[return-value]
-                 for s in ((rows, dim), (dim,), (dim,)))
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        fn()
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = prof.key_averages()
+    total = sum(getattr(e, attr) for e in events)
+    part = sum(getattr(e, attr) for e in events if any(s in e.key for s in substrings))
+    return part / total if total else 0.0

@@ -118,7 +118,8 @@ class SavedTensors:
     Attributes:
         nbytes: bytes of the distinct storages saved (a storage saved twice, or two
             views of one storage, count once; the whole storage counts), excluding the
-            storages of the ``exclude``\\d tensors (parameters and buffers by default).
+            storages of the counter's ``exclude`` tensors (:func:`saved_activation_bytes`
+            excludes the parameters and buffers).
         storages: number of distinct storages saved.
         saves: number of tensors autograd packed (with repeats).
     """
@@ -168,11 +169,13 @@ class SavedTensorsCounter:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         self._saves += 1
-        key = _storage_key(t)
+        try:
+            key, keep, nbytes = _storage_key(t), t.untyped_storage(), None
+        except (RuntimeError, NotImplementedError):  # no storage (e.g. a sparse tensor)
+            key, keep, nbytes = ("tensor", id(t)), t, t.nbytes
         if key not in self._exclude and key not in self._sizes:
-            s = t.untyped_storage()
-            self._storages[key] = s
-            self._sizes[key] = s.nbytes()
+            self._storages[key] = keep
+            self._sizes[key] = keep.nbytes() if nbytes is None else nbytes
         return t
 
     def __enter__(self) -> "SavedTensorsCounter":

@@ -1,4 +1,5 @@
-"""A model, optimizer and fixed synthetic batch built from a ``RunConfig``, without data.
+"""Workloads without a data loader: ResNet-18 training parts from a ``RunConfig`` with a
+fixed synthetic batch, and a fusion-bound pointwise chain (Labs 04 and 05).
 
 Memory and compile experiments (Labs 04 and 05) measure the model, not the input
 pipeline: a fixed random batch of the configured size makes every measurement
@@ -12,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from perflab.config import RunConfig
 from perflab.models import build_model
 
-__all__ = ["NUM_CLASSES", "TrainingParts", "synthetic_batch", "training_parts"]
+__all__ = ["NUM_CLASSES", "TrainingParts", "synthetic_batch", "training_parts",
+           "pointwise_chain", "pointwise_inputs"]
 
 #: Classes of the embedded photo-patches dataset, used for the synthetic labels.
 NUM_CLASSES = 10
@@ -82,3 +85,25 @@ def training_parts(config: RunConfig, batch_size: int | None = None) -> Training
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
     x, y = synthetic_batch(config, batch_size, device=device)
     return TrainingParts(model, optimizer, x, y, device)
+
+
+def pointwise_chain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """LayerNorm, GELU and four elementwise ops: (N, D) float32 -> (N, D) float32.
+
+    Eagerly each of the 7 operators reads and writes the whole (N, D) tensor; fused,
+    one pass reads ``x`` and writes the result. Memory-bound, so fusion pays.
+    """
+    y = F.layer_norm(x, x.shape[-1:], weight, bias)   # (N, D)
+    y = F.gelu(y)
+    y = y * 1.5 + 0.5
+    y = torch.tanh(y) * y
+    return y + x
+
+
+def pointwise_inputs(rows: int = 4096, dim: int = 1024, *, seed: int = 0,
+                     device: torch.device | str = "cpu"
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded ``x`` (rows, dim), ``weight`` (dim,), ``bias`` (dim,), float32."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, generator=g).to(device)  # type: ignore[return-value]
+                 for s in ((rows, dim), (dim,), (dim,)))

@@ -53,11 +53,13 @@ def test_loss_parity_numbers_and_plot():
     base = RunConfig(model="tiny")
     ref = with_losses(base, (2.0, 1.5, 1.0))
     amp = with_losses(base.replace(amp="bf16", channels_last=True), (2.0, 1.6, 0.8))
-    p = loss_parity(ref, amp)
+    p = loss_parity(ref, amp, window=2)
     assert p.max_abs == pytest.approx(0.2) and p.mean_abs == pytest.approx(0.1)
-    assert p.mean_reference == pytest.approx(1.5)
+    assert p.first_step_abs == 0.0 and p.mean_reference == pytest.approx(1.5)
     assert p.table["abs_diff"].tolist() == pytest.approx([0.0, 0.1, 0.2])
-    assert "max |diff| 0.2000" in repr(p)
+    assert p.table["smooth_other"].tolist() == pytest.approx([2.0, 1.8, 1.2])
+    assert p.smooth_max_abs == pytest.approx(0.05)  # |1.2 - 1.25|
+    assert "max |diff| 0.2000" in repr(p) and "2-step averages within 0.0500" in repr(p)
     fig = plot_parity([p])
     assert len(fig.axes) == 2
 
@@ -79,6 +81,8 @@ def test_loss_parity_rejects_different_lengths():
         loss_parity(with_losses(base, (1.0,)), with_losses(base, (1.0, 2.0)))
     with pytest.raises(ValueError, match="at least one Parity"):
         plot_parity([])
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        loss_parity(with_losses(base, (1.0,)), with_losses(base, (1.0,)), window=0)
 
 
 def test_scaler_steps_records_scale_and_skips(model_and_batch):

@@ -36,6 +36,12 @@ def test_segment_plan_mirrors_checkpoint_sequential(mode, expected):
     assert checkpointed_stages(mode) == tuple(i for st, c in expected if c for i in st)
 
 
+def test_settings_cover_every_mode():
+    assert SETTINGS == ("none", 1, 2, 3, 4, 5, "per_stage")
+    for s in SETTINGS:
+        RunConfig(checkpointing=s)  # each is a valid RunConfig value
+
+
 def test_segment_names_and_errors():
     assert [s.names for s in segment_plan(2)] == ["stem-layer1", "layer2-layer4"]
     for bad in (0, 6, "all", True):

@@ -12,9 +12,10 @@ from perflab import RunConfig
 from perflab.compilation import (CompileTiming, KernelSummary, break_even_steps,
                                  compile_overhead_s, count_compiles, describe_break_even,
                                  generated_code, graph_breaks, kernel_summary,
-                                 pointwise_chain, pointwise_inputs, time_compile)
+                                 op_time_share, time_compile)
 from perflab.compile_cache import inductor_cache_dir, run_in_fresh_process, timing_from_runs
 from perflab.measurement import Measurement
+from perflab.workloads import pointwise_chain, pointwise_inputs
 from synthetic import synthetic_result
 
 
@@ -161,3 +162,13 @@ def test_run_in_fresh_process_cold_then_warm(tiny_dataset, tmp_path):
     assert cold.kernels.library.get("extern_kernels.convolution", 0) >= 2
     assert warm.kernels.fused == cold.kernels.fused  # the same code, from the cache
     assert "cold cache" in repr(cold) and "warm cache" in repr(warm)
+
+
+def test_op_time_share():
+    a = torch.randn(256, 256)
+    fn = lambda: torch.mm(a, a).add_(1)  # noqa: E731
+    fn()
+    share = op_time_share(fn, ("mm",))
+    assert 0.0 < share < 1.0                             # add_ takes some time too
+    assert op_time_share(fn, ("mm", "add_")) > share     # a timing, so only the order
+    assert op_time_share(fn, ("no_such_op",)) == 0.0

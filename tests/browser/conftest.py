@@ -20,6 +20,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
 @pytest.fixture(scope="session")
 def lab_server(tmp_path_factory):
     """JupyterLab on 127.0.0.1 (free port, random token) serving a copy of solutions/."""
+    for old in OUTPUT.glob("*.png"):  # screenshots of this run only
+        old.unlink()
     tmp = tmp_path_factory.mktemp("jupyterlab")
     root = tmp / "notebooks"
     root.mkdir()
