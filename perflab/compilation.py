@@ -68,9 +68,10 @@ def break_even_steps(compile_s: float, eager_step_s: float, compiled_step_s: flo
     return compile_s / gain if gain > 0 else math.inf
 
 
-def describe_break_even(steps: float) -> str:
-    """``"never"`` for ``math.inf``, else e.g. ``"after 1,234 steps"`` (rounded up)."""
-    return "never" if math.isinf(steps) else f"after {math.ceil(steps):,} steps"
+def describe_break_even(steps: float, unit: str = "steps") -> str:
+    """``"never"`` for ``math.inf``, else e.g. ``"after 1,234 steps"`` (rounded up;
+    ``unit`` names what is counted, e.g. "calls")."""
+    return "never" if math.isinf(steps) else f"after {math.ceil(steps):,} {unit}"
 
 
 @dataclass(frozen=True)

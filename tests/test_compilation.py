@@ -26,6 +26,7 @@ def test_break_even_arithmetic():
     assert break_even_steps(10.0, 0.1, 0.12) == math.inf     # slower: never
     assert describe_break_even(math.inf) == "never"
     assert describe_break_even(1233.2) == "after 1,234 steps"
+    assert describe_break_even(2.0, "calls") == "after 2 calls"
     for bad in ((-1, 0.2, 0.1), (1, 0, 0.1), (1, 0.2, 0)):
         with pytest.raises(ValueError, match="need compile_s >= 0"):
             break_even_steps(*bad)
@@ -172,3 +173,23 @@ def test_op_time_share():
     assert 0.0 < share < 1.0                             # add_ takes some time too
     assert op_time_share(fn, ("mm", "add_")) > share     # a timing, so only the order
     assert op_time_share(fn, ("no_such_op",)) == 0.0
+
+
+def test_lab04_05_modules_import_without_side_effects():
+    import sys as _sys
+
+    code = (
+        "import logging, torch\n"
+        "threads = torch.get_num_threads(); handlers = list(logging.getLogger().handlers)\n"
+        "import perflab.accumulation, perflab.checkpointing, perflab.compilation\n"
+        "import perflab.compile_cache, perflab.max_batch, perflab.memory_breakdown\n"
+        "import perflab.workloads, os\n"
+        "assert not torch.cuda.is_initialized(), 'CUDA initialised at import'\n"
+        "assert torch.get_num_threads() == threads, 'thread count changed at import'\n"
+        "assert logging.getLogger().handlers == handlers, 'logging configured at import'\n"
+        "assert 'matplotlib.pyplot' not in __import__('sys').modules, 'pyplot imported'\n"
+        "assert 'TORCHINDUCTOR_CACHE_DIR' not in os.environ, 'inductor cache dir set'\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
