@@ -4,8 +4,8 @@
 time on the host. For batches that are already decoded (a uint8 ``(B, 3, H, W)``
 tensor from :mod:`perflab.cache`), the same augmentation runs as a few tensor ops for
 the whole batch, on whatever device holds it: random boxes drawn vectorised on the CPU
-(:func:`crop_boxes`), then one ``F.affine_grid`` + ``F.grid_sample`` that crops,
-resizes and flips every image at once (:func:`resized_crop_batch`), the approach of
+(:func:`crop_boxes`), then one ``F.grid_sample`` that crops, resizes and flips every
+image at once (:func:`resized_crop_batch`), the approach of
 GPU augmentation libraries such as Kornia and DALI.
 """
 from __future__ import annotations
@@ -62,8 +62,9 @@ def resized_crop_batch(images: torch.Tensor, boxes: torch.Tensor, size: int, *,
                        std: Sequence[float] = (0.229, 0.224, 0.225)) -> torch.Tensor:
     """Crop each image to its box, resize to ``size x size``, flip, normalise: one op.
 
-    One ``F.affine_grid`` + ``F.grid_sample`` (bilinear, ``align_corners=False``) over
-    the whole batch, on ``images``' device: output pixel centres map into each box, so a
+    One ``F.grid_sample`` (bilinear, ``align_corners=False``) over the whole batch, on
+    ``images``' device, with a separable sampling grid (an axis-aligned box needs no
+    general ``F.affine_grid``): output pixel centres map into each box, so a
     full-image box at the same size returns the image exactly. No antialiasing (PIL's
     resize has it); with :data:`STORED_SCALE` the downscale is at most 1.25x.
 
@@ -76,18 +77,18 @@ def resized_crop_batch(images: torch.Tensor, boxes: torch.Tensor, size: int, *,
     Returns:
         float32 ``(B, 3, size, size)``, ImageNet-normalised, on ``images``' device.
     """
-    b, _, height, width = images.shape
-    bx = boxes.to(torch.float32)
-    top, left, h, w = bx.unbind(1)
-    sx, sy = w / width, h / height
-    tx, ty = (2 * left + w) / width - 1, (2 * top + h) / height - 1
+    _, _, height, width = images.shape
+    dev = images.device
+    top, left, h, w = boxes.to(dev, torch.float32, non_blocking=True).unbind(1)  # (B,)
+    # Normalised (align_corners=False) source coordinate of each output pixel centre:
+    # u_in = (box size / image size) * u_out + (2 * box start + box size) / image size - 1
+    u = (torch.arange(size, device=dev, dtype=torch.float32) * 2 + 1) / size - 1  # (s,)
+    sx = w / width
     if flip is not None:
-        sx = torch.where(flip.cpu(), -sx, sx)
-    zero = torch.zeros_like(sx)
-    theta = torch.stack([torch.stack([sx, zero, tx], 1),
-                         torch.stack([zero, sy, ty], 1)], 1)  # (B, 2, 3)
-    theta = theta.to(images.device, non_blocking=True)
-    grid = F.affine_grid(theta, [b, 3, size, size], align_corners=False)  # (B, s, s, 2)
+        sx = torch.where(flip.to(dev), -sx, sx)
+    gx = sx[:, None] * u + ((2 * left + w) / width - 1)[:, None]        # (B, s)
+    gy = (h / height)[:, None] * u + ((2 * top + h) / height - 1)[:, None]
+    grid = torch.stack(torch.broadcast_tensors(gx[:, None, :], gy[:, :, None]), dim=-1)
     x = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border",
                       align_corners=False)                                 # (B, 3, s, s)
     m = torch.tensor(mean, device=x.device).view(1, 3, 1, 1) * 255
