@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -28,7 +27,7 @@ from .loader_tuning import sweep_loader, tune_loader
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "random_resized_crop",
            "center_crop_resize", "to_tensor", "normalize", "TrainTransform",
            "EvalTransform", "ImageFolderDataset", "make_loader", "infinite_batches",
-           "seed_worker", "sweep_loader", "tune_loader"]
+           "sweep_loader", "tune_loader"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -265,31 +264,20 @@ class ImageFolderDataset(torch.utils.data.Dataset):
                    if self.storage_latency_s else "") + ")")
 
 
-def seed_worker(worker_id: int) -> None:
-    """``worker_init_fn`` that seeds Python's ``random`` and NumPy in each worker.
-
-    DataLoader seeds each worker's torch RNG with ``base_seed + worker_id``, where
-    ``base_seed`` is drawn from the loader's generator every time an epoch's iterator is
-    created, so torch-based augmentations differ per worker and per epoch (persistent
-    workers keep one seed and continue their stream across epochs). ``random`` and NumPy
-    are not reseeded by DataLoader: forked workers would share their state and repeat
-    each other's "random" augmentations. This is the recipe of PyTorch's "Randomness in
-    multi-process data loading" notes (https://pytorch.org/docs/stable/notes/randomness.html).
-    """
-    seed = torch.initial_seed() % 2**32  # this worker's torch seed, already distinct
-    np.random.seed(seed)
-    random.seed(seed)
-
-
 def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.DataLoader:
     """DataLoader over ``config.dataset`` (None -> the embedded set, built if missing).
 
     Batches: (float32 ``(B, 3, S, S)``, int64 ``(B,)``) with B = ``config.batch_size``,
     S = ``config.image_size``; ``drop_last=True`` so every step has the same shape.
     ``train`` split: augmented and shuffled by a ``torch.Generator`` seeded with
-    ``config.seed`` (which also seeds the per-worker RNGs; :func:`seed_worker` seeds
-    NumPy and ``random`` per worker); other splits: eval transform, fixed order. With
-    num_workers=0, augmentation draws from torch's global RNG. ``storage_latency_ms``
+    ``config.seed``. Worker seeding: at every epoch DataLoader draws a ``base_seed``
+    from that generator and seeds torch, ``random`` and NumPy in worker ``i`` with
+    ``base_seed + i`` (NumPy via a SeedSequence-style hash, PyTorch >= 1.9), so
+    augmentations differ per worker and per epoch (persistent workers keep their
+    streams going) and repeat exactly for the same ``config.seed`` and worker count;
+    no ``worker_init_fn`` is needed. With num_workers=0, augmentation draws from torch's
+    global RNG (seeded by :func:`perflab.train.build_training`). Other splits: eval
+    transform, fixed order. ``storage_latency_ms``
     adds the simulated per-file read latency.
 
     With ``config.decoded_cache`` != "off" (train split), batches are the cached
@@ -321,8 +309,7 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
     generator = torch.Generator().manual_seed(config.seed)
     kwargs: dict[str, Any] = dict(
         num_workers=config.num_workers, pin_memory=config.pin_memory,
-        persistent_workers=config.persistent_workers,
-        worker_init_fn=seed_worker if config.num_workers else None)
+        persistent_workers=config.persistent_workers)
     if config.prefetch_factor is not None:
         kwargs["prefetch_factor"] = config.prefetch_factor
     if train and config.decoded_cache != "off":

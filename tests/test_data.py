@@ -219,13 +219,9 @@ def test_validation_is_remembered_until_a_file_changes(tmp_path):
         ImageFolderDataset(root)
 
 
-def test_loader_seeds_workers_and_caches(patches, tmp_path, monkeypatch):
-    from perflab.data import seed_worker
-
+def test_cached_loader(patches, tmp_path, monkeypatch):
     monkeypatch.setenv("PERFLAB_DATA", str(tmp_path))
     cfg = RunConfig(dataset=str(patches), image_size=16, batch_size=4, num_workers=1)
-    assert make_loader(cfg).worker_init_fn is seed_worker
-    assert make_loader(cfg.replace(num_workers=0)).worker_init_fn is None
     cached = make_loader(cfg.replace(decoded_cache="memory"))
     x, y = next(iter(cached))
     assert x.dtype == torch.uint8 and x.shape == (4, 3, 20, 20) and y.shape == (4,)

@@ -11,7 +11,7 @@ from conftest import requires_cuda
 from perflab.augment import crop_boxes, random_resized_crop_batch, resized_crop_batch
 from perflab.cache import cache_dir, decode_stored, get_cache, stored_size
 from perflab.config import RunConfig
-from perflab.data import ImageFolderDataset, make_loader, seed_worker
+from perflab.data import ImageFolderDataset, make_loader
 from perflab.loader_tuning import default_worker_counts, sweep_loader, tune_loader
 from perflab.loading import BatchStream, DevicePrefetcher, pipeline_efficiency
 from synthetic import synthetic_result
@@ -138,22 +138,34 @@ def test_random_resized_crop_batch_shapes():
 
 
 # --- worker seeding -------------------------------------------------------------------------
-class Draws(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 4
+@pytest.fixture(scope="module")
+def same_photo(tmp_path_factory) -> str:
+    """An ImageFolder whose 8 images are one photo: equal crops mean a repeated RNG."""
+    root = tmp_path_factory.mktemp("same")
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 48, 3), np.uint8))
+    for cls in ("a", "b"):
+        (root / "train" / cls).mkdir(parents=True)
+        for i in range(4):
+            img.save(root / "train" / cls / f"{i}.png")
+    return str(root)
 
-    def __getitem__(self, i: int) -> tuple[float, float]:
-        return float(np.random.rand()), float(torch.rand(()))
+
+def epochs(cfg: RunConfig, n: int = 2) -> list[torch.Tensor]:
+    loader = make_loader(cfg)
+    return [torch.cat([x for x, _ in loader]) for _ in range(n)]
 
 
-def test_seed_worker_makes_numpy_differ_per_worker_and_epoch():
-    loader = torch.utils.data.DataLoader(Draws(), batch_size=1, num_workers=2,
-                                         worker_init_fn=seed_worker,
-                                         generator=torch.Generator().manual_seed(0))
-    epochs = [[tuple(map(float, b)) for b in loader] for _ in range(2)]
-    numpy_draws = [d[0] for e in epochs for d in e]
-    torch_draws = [d[1] for e in epochs for d in e]
-    assert len(set(numpy_draws)) == 8 and len(set(torch_draws)) == 8
+@pytest.mark.parametrize("persistent", [False, True])
+def test_augmentations_differ_per_worker_and_epoch_and_repeat(same_photo, persistent):
+    cfg = RunConfig(model="tiny", dataset=same_photo, image_size=16, batch_size=2,
+                    num_workers=2, persistent_workers=persistent)
+    first = epochs(cfg)
+    crops = torch.cat(first).flatten(1)  # 16 crops of one photo, 2 epochs x 2 workers
+    assert len({tuple(c.tolist()) for c in crops}) == 16
+    again = epochs(cfg)  # same seed, same workers: the same augmentations
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    other = epochs(cfg.replace(seed=1), n=1)[0]
+    assert not torch.equal(first[0], other)
 
 
 # --- batch stream ---------------------------------------------------------------------------
