@@ -8,7 +8,8 @@ Prints, all measured in this one run:
 2. torch.compile, three workloads, each eager vs compiled with compile time, steady-state
    speedup (95 % CI, Mann-Whitney verdict) and break-even step count: ResNet-18
    training (compiled in a fresh process with a cold inductor cache, then again warm),
-   a fusion-bound pointwise chain, and ResNet-18 inference with inductor freezing.
+   a fusion-bound pointwise chain, and ResNet-18 inference with inductor freezing (both
+   compiled in this process with an empty cache directory).
 
 On a shared machine run it under the measurement lock:
     flock /tmp/perflab-measure.lock python benchmarks/checkpointing_and_compile.py
@@ -19,6 +20,7 @@ Usage: python benchmarks/checkpointing_and_compile.py [--image-size 64] [--batch
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 
 import pandas as pd
@@ -108,7 +110,9 @@ def main() -> None:
     if not args.skip_checkpointing:
         checkpointing(config, args.repeats, args.budget_gib)
     if not args.skip_compile:
-        compile_workloads(config, args.repeats)
+        with tempfile.TemporaryDirectory() as cache:  # in-process compiles start cold too
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+            compile_workloads(config, args.repeats)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,7 @@ def test_find_max_batch_on_cuda():
 
 
 # -- gradient accumulation -------------------------------------------------------------
-@pytest.mark.parametrize("k", [1, 2, 3, 8])
+@pytest.mark.parametrize("k", [2, 3])
 def test_accumulation_matches_full_batch_without_batch_statistics(k):
     torch.manual_seed(0)
     m = resnet18(10).eval()  # BatchNorm uses running statistics: samples independent
