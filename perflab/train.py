@@ -77,6 +77,19 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return loss.detach().float()
 
 
+def build_model_and_optimizer(config: RunConfig, num_classes: int, device: torch.device
+                              ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model (train mode, on ``device``, with ``config.checkpointing`` and
+    ``channels_last`` applied; not compiled) and its SGD optimizer (momentum 0.9)."""
+    model = build_model(config.model, num_classes).to(device).train()
+    if config.checkpointing != "none":
+        model.set_checkpointing(config.checkpointing)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    return model, optimizer
+
+
 def build_training(config: RunConfig):
     """Data loader, model and optimizer for ``config``, seeded.
 
@@ -91,12 +104,7 @@ def build_training(config: RunConfig):
     torch.manual_seed(config.seed)
     loader = make_loader(config)  # validates the dataset before any model work
     num_classes = len(loader.dataset.classes)
-    model = build_model(config.model, num_classes).to(device).train()
-    if config.checkpointing != "none":
-        model.set_checkpointing(config.checkpointing)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    model, optimizer = build_model_and_optimizer(config, num_classes, device)
     if config.compile != "off":
         model = torch.compile(model, mode=None if config.compile == "default"
                               else config.compile)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perflab.config import RunConfig
-from perflab.models import build_model
+from perflab.train import build_model_and_optimizer
 
 __all__ = ["NUM_CLASSES", "TrainingParts", "synthetic_batch", "training_parts",
            "pointwise_chain", "pointwise_inputs"]
@@ -77,12 +77,7 @@ def training_parts(config: RunConfig, batch_size: int | None = None) -> Training
     """
     device = config.resolved_device()
     torch.manual_seed(config.seed)
-    model = build_model(config.model, NUM_CLASSES).to(device).train()
-    if config.checkpointing != "none":
-        model.set_checkpointing(config.checkpointing)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    model, optimizer = build_model_and_optimizer(config, NUM_CLASSES, device)
     x, y = synthetic_batch(config, batch_size, device=device)
     return TrainingParts(model, optimizer, x, y, device)
 
