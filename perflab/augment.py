@@ -16,7 +16,19 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["crop_boxes", "resized_crop_batch", "random_resized_crop_batch"]
+
+__all__ = ["crop_boxes", "fallback_crop_size", "resized_crop_batch", "random_resized_crop_batch"]
+
+
+def fallback_crop_size(width: int, height: int, ratio: Sequence[float]) -> tuple[int, int]:
+    """RandomResizedCrop's fallback (width, height) in pixels when no random try fits:
+    the whole image, its aspect ratio clamped into ``[min(ratio), max(ratio)]``."""
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        return width, int(round(width / min(ratio)))
+    if in_ratio > max(ratio):
+        return int(round(height * max(ratio))), height
+    return width, height
 
 
 def crop_boxes(n: int, height: int, width: int, *,
@@ -39,13 +51,7 @@ def crop_boxes(n: int, height: int, width: int, *,
     fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
     first = fits.long().argmax(dim=1, keepdim=True)  # index of the first fitting try
     w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)
-    in_ratio = width / height  # fallback for samples where no try fits
-    if in_ratio < min(ratio):
-        fw, fh = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        fw, fh = int(round(height * max(ratio))), height
-    else:
-        fw, fh = width, height
+    fw, fh = fallback_crop_size(width, height, ratio)  # where no try fits
     ok = fits.any(dim=1)
     w, h = torch.where(ok, w, fw), torch.where(ok, h, fh)
     u = torch.rand(n, 2, generator=generator)

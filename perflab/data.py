@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .augment import fallback_crop_size
 from .config import RunConfig
 from .dataset import EMBEDDED_NAME, ensure_dataset
 # Re-exported so labs can say perflab.data.sweep_loader; loader_tuning imports this
@@ -62,13 +63,7 @@ def random_resized_crop(img: Image.Image, size: int, *,
             left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
             break
     else:  # fallback: centre crop, aspect ratio clamped into [ratio[0], ratio[1]]
-        in_ratio = width / height
-        if in_ratio < min(ratio):
-            w, h = width, int(round(width / min(ratio)))
-        elif in_ratio > max(ratio):
-            w, h = int(round(height * max(ratio))), height
-        else:
-            w, h = width, height
+        w, h = fallback_crop_size(width, height, ratio)
         top, left = (height - h) // 2, (width - w) // 2
     crop = img.crop((left, top, left + w, top + h))
     return crop.resize((size, size), Image.Resampling.BILINEAR)
