@@ -15,7 +15,11 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES", "CACHE_MODES"]
+from perflab.link import SimulatedLink
+from perflab.stragglers import Straggler
+
+__all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES", "CACHE_MODES",
+           "COMM_HOOKS", "SimulatedLink", "Straggler"]
 
 MODELS = ("resnet18", "tiny")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -23,6 +27,7 @@ AMP_MODES = ("off", "bf16", "fp16")
 CACHE_MODES = ("off", "memory", "mmap")
 #: Largest simulated per-file storage latency accepted (ms): beyond it a run crawls.
 MAX_STORAGE_LATENCY_MS = 1000.0
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
                  "max-autotune-no-cudagraphs")
 
@@ -135,6 +140,37 @@ class RunConfig:
     """The compute-only bound: load one batch, keep it on the device and reuse it every
     step (no loading at all). Throughput / this bound = input-pipeline efficiency."""
 
+    # -- data-parallel training (Labs 06-07; run with perflab.distributed.launch) --------
+    world_size: int = 1
+    """Data-parallel ranks (processes). Each rank trains on its own ``batch_size``
+    samples per step (global batch = world_size x batch_size). > 1 wraps the model in
+    ``DistributedDataParallel`` and needs :func:`perflab.distributed.launch` (or torchrun)."""
+
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MiB (``DistributedDataParallel(bucket_cap_mb=...)``;
+    25 is PyTorch's default)."""
+
+    gradient_as_bucket_view: bool = False
+    """Let ``.grad`` tensors be views into DDP's buckets (saves one gradient copy)."""
+
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    """A DDP communication hook from ``torch.distributed.algorithms.ddp_comm_hooks``:
+    "fp16"/"bf16" compress gradients before the allreduce, "powersgd" sends a low-rank
+    approximation; "none" = DDP's plain allreduce."""
+
+    accumulation_steps: int = 1
+    """Micro-batches (of ``batch_size`` each) per optimizer step; under DDP all but the
+    last run inside ``model.no_sync()``, so gradients are allreduced once per step."""
+
+    link: SimulatedLink | None = None
+    """SIMULATED interconnect for the DDP allreduce (:class:`perflab.link.SimulatedLink`,
+    e.g. ``SimulatedLink.preset("1gbe")``); None = the real backend as is. Shown as
+    "simulated link ..." in labels."""
+
+    straggler: Straggler | None = None
+    """A delay injected on one rank (:class:`perflab.stragglers.Straggler`); None = off.
+    Shown as "straggler rank ..." in labels."""
+
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -184,6 +220,7 @@ class RunConfig:
              f"device_prefetch must be True or False, got {self.device_prefetch!r}")
         need(isinstance(self.compute_only, bool),
              f"compute_only must be True or False, got {self.compute_only!r}")
+        self._check_distributed(need)
         ckpt = self.checkpointing
         need(ckpt in ("none", "per_stage")
              or (isinstance(ckpt, int) and not isinstance(ckpt, bool) and ckpt >= 1),
@@ -202,6 +239,47 @@ class RunConfig:
         if needs_device or self.device != "auto":
             dev = resolve_device(self.device)  # raises when the named device is missing
             self._check_device_support(dev, need)
+
+    def _check_distributed(self, need: Any) -> None:
+        """World size, DDP knobs, simulated link and straggler, each naming the fix."""
+        ws = self.world_size
+        need(isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1,
+             f"world_size must be an int >= 1 (ranks), got {ws!r}")
+        need(isinstance(self.bucket_cap_mb, (int, float)) and not isinstance(
+            self.bucket_cap_mb, bool) and self.bucket_cap_mb > 0,
+             f"bucket_cap_mb must be > 0 MiB, got {self.bucket_cap_mb!r}")
+        need(isinstance(self.gradient_as_bucket_view, bool),
+             f"gradient_as_bucket_view must be True or False, got "
+             f"{self.gradient_as_bucket_view!r}")
+        need(self.comm_hook in COMM_HOOKS,
+             f"comm_hook must be one of {COMM_HOOKS}, got {self.comm_hook!r}")
+        acc = self.accumulation_steps
+        need(isinstance(acc, int) and not isinstance(acc, bool) and acc >= 1,
+             f"accumulation_steps must be an int >= 1, got {acc!r}")
+        need(self.link is None or isinstance(self.link, SimulatedLink),
+             f"link must be None or a SimulatedLink (e.g. SimulatedLink.preset('1gbe')), "
+             f"got {self.link!r}")
+        need(self.straggler is None or isinstance(self.straggler, Straggler),
+             f"straggler must be None or a Straggler(rank=..., delay_s=...), "
+             f"got {self.straggler!r}")
+        if ws == 1:
+            used = [name for name, on in (
+                ("bucket_cap_mb", self.bucket_cap_mb != 25.0),
+                ("gradient_as_bucket_view", self.gradient_as_bucket_view),
+                ("comm_hook", self.comm_hook != "none"),
+                ("accumulation_steps", acc != 1), ("link", self.link is not None),
+                ("straggler", self.straggler is not None)) if on]
+            need(not used, f"{', '.join(used)} only apply to data-parallel runs; set "
+                 "world_size >= 2 and start it with perflab.distributed.launch "
+                 "(for accumulation on one process see perflab.accumulation)")
+        if self.straggler is not None and isinstance(ws, int):
+            need(self.straggler.rank < ws,
+                 f"straggler.rank={self.straggler.rank} but world_size={ws}; use a rank "
+                 f"in 0..{ws - 1}")
+        need(not (self.link is not None and self.comm_hook == "powersgd"),
+             "link= (simulated interconnect) cannot be combined with comm_hook='powersgd'"
+             " (its messages are not one allreduce per bucket); use comm_hook 'none', "
+             "'fp16' or 'bf16'")
 
     def _check_device_support(self, dev: torch.device, need: Any) -> None:
         """Combinations the resolved device cannot run, each naming what to use instead."""
@@ -250,21 +328,30 @@ class RunConfig:
     def display_label(self) -> str:
         """``label`` if set, else a short description like ``"bs=64 workers=2"``.
 
-        Simulated storage latency always shows, as ``"simulated storage +N ms/file"``,
-        and the compute-only bound as ``"compute-only bound"``, so neither can be
-        mistaken for a real loader.
+        Injected conditions always show unless a custom label names them: simulated
+        storage latency as ``"simulated storage +N ms/file"``, a simulated link as
+        ``"simulated link 1gbe: alpha=..., beta=..."``, a straggler as ``"straggler rank
+        1 +50 ms before_forward"``; the compute-only bound as ``"compute-only bound"``.
+        None of them can be mistaken for the real thing.
         """
-        latency = (f"simulated storage +{self.storage_latency_ms:g} ms/file"
-                   if self.storage_latency_ms else "")
+        # (text, words that show a custom label already names it)
+        faults = [(text, words) for text, words in (
+            (f"simulated storage +{self.storage_latency_ms:g} ms/file"
+             if self.storage_latency_ms else "", ("storage", "disk")),
+            (self.link.describe() if self.link else "", ("link",)),
+            (self.straggler.describe() if self.straggler else "", ("straggler",))) if text]
+        latency = ", ".join(text for text, _ in faults)
         if self.label:
-            return f"{self.label} ({latency})" if latency and "simulated" not in self.label \
-                else self.label
+            missing = [text for text, words in faults
+                       if not any(w in self.label.lower() for w in words)]
+            return f"{self.label} ({', '.join(missing)})" if missing else self.label
         short = {"batch_size": "bs", "num_workers": "workers", "image_size": "px",
-                 "decoded_cache": "cache"}
+                 "decoded_cache": "cache",
+                 "world_size": "ranks", "bucket_cap_mb": "bucket_mb"}
         parts = ["compute-only bound" if k == "compute_only" else f"{short.get(k, k)}={v}"
                  for k, v in self.changed_fields().items()
                  if k not in ("steps", "warmup_steps", "dataset", "device",
-                              "storage_latency_ms")]
+                              "storage_latency_ms", "link", "straggler")]
         return " ".join(parts + [latency] if latency else parts) or "default"
 
     def to_dict(self) -> dict[str, Any]:
@@ -274,7 +361,12 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
         """Restore from :meth:`to_dict`; fields unknown to this version are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kw = {k: v for k, v in d.items() if k in names}
+        if isinstance(kw.get("link"), dict):
+            kw["link"] = SimulatedLink(**kw["link"])
+        if isinstance(kw.get("straggler"), dict):
+            kw["straggler"] = Straggler(**kw["straggler"])
+        return cls(**kw)
 
 
 #: Named presets. ``quick``: a measured run in <= 30 s on a 2-core CPU.

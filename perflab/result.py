@@ -54,6 +54,9 @@ class RunResult:
         wall_s: wall-clock seconds of the whole run (set-up included).
         created: UTC timestamp (ISO 8601).
         path: where the JSON was saved, or None.
+        rank: the data-parallel rank that measured it (None for a single-process run).
+        extra: further JSON-serialisable measurements a lab attaches (e.g. DDP's buckets,
+            per-step collective wait), saved and reloaded with the result.
     """
 
     config: RunConfig
@@ -65,6 +68,8 @@ class RunResult:
     wall_s: float
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     path: str | None = None
+    rank: int | None = None
+    extra: dict = field(default_factory=dict)
 
     # -- derived numbers --------------------------------------------------------------
     @property
@@ -135,7 +140,7 @@ class RunResult:
             "peak_memory": {"peak_bytes": self.peak_memory.peak_bytes,
                             "kind": self.peak_memory.kind},
             "env": self.env, "num_classes": self.num_classes, "wall_s": self.wall_s,
-            "created": self.created,
+            "created": self.created, "rank": self.rank, "extra": self.extra,
         }
 
     @classmethod
@@ -147,7 +152,8 @@ class RunResult:
                    phases={k: Measurement.from_dict(m) for k, m in d["phases"].items()},
                    losses=tuple(d["losses"]), peak_memory=PeakMemory(**d["peak_memory"]),
                    env=d["env"], num_classes=d["num_classes"], wall_s=d["wall_s"],
-                   created=d["created"], path=path)
+                   created=d["created"], path=path, rank=d.get("rank"),
+                   extra=d.get("extra", {}))
 
     def save(self, results_dir: str | Path | None = None) -> "RunResult":
         """Write ``<results_dir>/<UTC time>-<label>.json``; returns a copy with ``path`` set."""
@@ -155,6 +161,8 @@ class RunResult:
         out.mkdir(parents=True, exist_ok=True)
         stamp = self.created.replace(":", "").replace("-", "").split(".")[0]
         slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.label)[:60]
+        if self.rank is not None:
+            slug += f"-rank{self.rank}"
         path = out / f"{stamp}-{slug}.json"
         n = 1
         while path.exists():
