@@ -1,4 +1,4 @@
-"""The ``perflab`` command: doctor, data, run, profile, course.
+"""The ``perflab`` command: doctor, data, run, profile, ladder, course.
 
 ``perflab run`` has one flag per :class:`RunConfig` field, generated from the dataclass,
 so the CLI and the config cannot drift apart; bad values give RunConfig's own errors.
@@ -104,6 +104,41 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+#: Columns ``perflab ladder`` prints (the full table is in the report's table.csv).
+LADDER_COLUMNS = ["rung", "status", "batch_size", "step_time_ms", "samples_per_s",
+                  "samples_per_s_ci_low", "samples_per_s_ci_high", "speedup", "p_value",
+                  "cumulative_speedup", "mfu_pct", "peak_mem_gib"]
+
+
+def cmd_ladder(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from perflab.ladder import RUNGS, climb, naive_config
+
+    overrides = {k: getattr(args, k) for k in ("model", "dataset", "device", "image_size",
+                                               "batch_size", "steps", "warmup_steps")
+                 if getattr(args, k) is not None}
+    config = naive_config(args.size, **overrides)  # bad size / values: before any work
+    rungs = _names(args.rungs) if args.rungs else list(RUNGS)
+    ladder = climb(config, rungs=rungs, skip=_names(args.skip), rounds=args.rounds,
+                   alpha=args.alpha, progress=not args.quiet, out_dir=args.out)
+    report = ladder.write_report()
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(ladder.table[LADDER_COLUMNS].round(3).to_string(index=False))
+    print()
+    for verdict in ladder.table.verdict[1:]:
+        print(f"  {verdict}")
+    print(f"\ncumulative speedup {ladder.cumulative_speedup:.2f}x per sample; kept: "
+          f"{', '.join(ladder.kept) or 'none'}; best config: "
+          f"{ladder.best_config.display_label()}")
+    print(f"report: {report}")
+    return 0
+
+
 def cmd_course(args: argparse.Namespace) -> int:
     from perflab.course import build_labs
 
@@ -192,6 +227,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_profile)
+
+    p = sub.add_parser(
+        "ladder", help="the optimization ladder: each fix in turn, kept if it helps",
+        description="Climb from a naive baseline through data loading, AMP, channels_last,"
+                    " torch.compile and a larger checkpointed batch; each rung measured in"
+                    " interleaved rounds against the best so far and kept only when a "
+                    "Mann-Whitney test says it is faster. Writes results/ladder/<time>/"
+                    "report.md with plots and every RunResult as JSON.")
+    p.add_argument("--size", default="quick", help="tiny (CI), quick (64 px) or full")
+    p.add_argument("--rungs", default=None, help="comma-separated rungs in order "
+                   "(default: data_loading,amp,channels_last,compile,larger_batch)")
+    p.add_argument("--skip", default="", help="comma-separated rungs to leave out")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved A/B rounds per rung")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (0.05)")
+    p.add_argument("--out", default=None, type=Path,
+                   help="output folder (default: results/ladder/<UTC time>)")
+    for flag, kind in (("model", str), ("dataset", str), ("device", str),
+                       ("image-size", int), ("batch-size", int), ("steps", int),
+                       ("warmup-steps", int)):
+        p.add_argument(f"--{flag}", type=kind, default=None,
+                       help=f"override the size's RunConfig.{flag.replace('-', '_')}")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(fn=cmd_ladder)
 
     p = sub.add_parser("course", help="course tooling")
     csub = p.add_subparsers(dest="course_command", required=True)

@@ -15,21 +15,46 @@ ones). The profiler's schedule marks each step with a ``ProfilerStep#N`` range.
 
 The functions here take the parsed trace (a dict), so the same code reads traces made on
 this machine and traces recorded elsewhere (for example on a GPU cluster).
+
+:func:`load_ranks` reads one trace per rank and prepares each as Meta's
+HolisticTraceAnalysis (HTA, github.com/facebookresearch/HolisticTraceAnalysis,
+``hta/common/trace.py``, ``trace_parser.py``, ``trace_filter.py``) does, so that
+:mod:`perflab.trace_analysis` (re-exported here) gets HTA's numbers:
+
+* events with a duration and a category, except category ``Trace``; when the trace's
+  timestamps are floats (nanosecond-resolution Kineto), each event is rounded inwards to
+  whole microseconds (start up, end down; pytorch/pytorch#122425);
+* a *device event* has ``args.stream >= 0`` and ``args.correlation >= 0`` (or is named
+  ``Event Sync`` / ``Context Sync``); every other event is a host (CPU) event;
+* with two or more ``ProfilerStep#N`` ranges, the last profiled step is dropped: host
+  events starting before the last step starts are kept, and device events whose
+  correlation id matches a kept host event's.
 """
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Iterable, Mapping, Union
 
+import numpy as np
 import pandas as pd
 
 from perflab.result import PHASES
+# Re-exported so that perflab.trace is the one place to look; trace_analysis imports this
+# module only inside its functions, so either module may be imported first.
+from perflab.trace_analysis import (comm_comp_overlap, idle_time_breakdown,
+                                    phase_breakdown, plot_breakdown, temporal_breakdown)
 
-__all__ = ["load_trace", "events_frame", "phase_times", "PHASE_PREFIX", "EVENT_COLUMNS",
-           "PHASE_COLUMNS"]
+__all__ = ["load_trace", "events_frame", "phase_times", "load_ranks", "RankTrace",
+           "PHASE_PREFIX", "EVENT_COLUMNS", "PHASE_COLUMNS",
+           # the analyses, from perflab.trace_analysis
+           "temporal_breakdown", "comm_comp_overlap", "idle_time_breakdown",
+           "phase_breakdown", "plot_breakdown"]
 
 #: Name prefix of PhaseTimer's ranges (``PhaseTimer.PREFIX``).
 PHASE_PREFIX = "perflab:"
@@ -155,3 +180,155 @@ def phase_times(trace: TraceLike) -> pd.DataFrame:
     total = out["total_ms"].sum()
     out["share_pct"] = 100 * out["total_ms"] / total if total > 0 else 0.0
     return out[list(PHASE_COLUMNS)]
+
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)")
+_KERNEL_CATS = {"kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy",
+                "mtia_ccp_events"}
+_SYNC_NAMES = {"Event Sync", "Context Sync"}
+
+@dataclass(frozen=True, eq=False)
+class RankTrace:
+    """One rank's trace as HTA sees it (the module docstring says how).
+
+    ``events``: DataFrame, one row per kept event: ``name`` (str), ``cat`` (str), ``ts``
+    and ``end`` (float64 microseconds), ``stream`` and ``correlation`` (int64, -1 when
+    absent), ``on_device``, ``kernel`` (a kernel, memcpy or memset), ``step`` (a
+    ``ProfilerStep#N`` range) (bool). ``on_gpu``: the trace has device kernels. ``trace``:
+    the parsed file (for :func:`perflab.trace.phase_times`). ``path``: its file or None.
+    """
+
+    rank: int
+    events: pd.DataFrame
+    on_gpu: bool
+    trace: Mapping[str, Any]
+    path: str | None
+
+    def __repr__(self) -> str:
+        kind = "GPU" if self.on_gpu else "CPU-only"
+        return f"RankTrace(rank={self.rank}, {kind}, {len(self.events)} events)"
+
+
+def _as_int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _prepare(trace: Mapping[str, Any], rank: int, path: str | None) -> RankTrace:
+    events = trace["traceEvents"]
+    rows, float_ts, empty = [], False, {}
+    for e in events:  # a plain loop: json gives dicts; this is most of the load time
+        if type(e) is not dict:
+            continue
+        ts = e.get("ts")
+        if type(ts) is not int:
+            float_ts = True  # a float (or missing) timestamp: HTA's ts column is float64
+            if ts is None:
+                continue
+        cat = e.get("cat")
+        if cat is None or cat == "Trace" or "dur" not in e:
+            continue
+        args = e.get("args")
+        args = args if type(args) is dict else empty
+        stream, corr = args.get("stream", -1), args.get("correlation", -1)
+        rows.append((str(e.get("name", "")), str(cat), float(ts), float(e["dur"]),
+                     stream if type(stream) is int else _as_int(stream),
+                     corr if type(corr) is int else _as_int(corr)))
+    df = pd.DataFrame.from_records(
+        rows, columns=["name", "cat", "ts", "dur", "stream", "correlation"])
+    df = df.astype({"ts": "float64", "dur": "float64", "stream": "int64",
+                    "correlation": "int64"})
+    df["end"] = df["ts"] + df["dur"]
+    if float_ts:  # HTA rounds ns-resolution traces inwards to whole microseconds
+        df["ts"], df["end"] = np.ceil(df["ts"]), np.floor(df["end"])
+    df["on_device"] = (((df["stream"] >= 0) & (df["correlation"] >= 0))
+                       | df["name"].isin(_SYNC_NAMES))
+    df["kernel"] = df["cat"].isin(_KERNEL_CATS)  # kernel, memcpy, memset
+    df["step"] = df["name"].str.match(_STEP)     # ProfilerStep#N ranges
+    on_gpu = bool((df["on_device"] & df["kernel"]).any())
+    is_step = df["step"]
+    host = ~df["on_device"]
+    if df.loc[is_step, "name"].nunique() >= 2 and host.any():
+        host_steps = df["ts"][host & is_step]
+        last_start = host_steps.max() if len(host_steps) else df["ts"][host].min()
+        keep_host = host & (df["ts"] < last_start)
+        kept = set(df.loc[keep_host, "correlation"])
+        df = df[keep_host | (df["on_device"] & df["correlation"].isin(kept))]
+    return RankTrace(rank=rank, events=df.drop(columns="dur").reset_index(drop=True),
+                     on_gpu=on_gpu, trace=trace, path=path)
+
+
+def _rank_of(trace: Mapping[str, Any], path: str | None, position: int) -> int:
+    info = trace.get("distributedInfo")
+    if isinstance(info, Mapping) and isinstance(info.get("rank"), int):
+        return info["rank"]
+    m = re.search(r"rank[-_]?(\d+)", Path(path).name) if path else None
+    return int(m.group(1)) if m else position
+
+
+def load_ranks(source: TraceLike | Iterable[TraceLike] | Mapping[int, TraceLike]
+               ) -> dict[int, RankTrace]:
+    """Read one trace per rank and prepare each as HTA does (module docstring).
+
+    Args:
+        source: a folder (every ``*.json`` / ``*.json.gz`` file in it, one per rank, as
+            ``tensorboard_trace_handler`` or a DDP job writes them), one trace file, a
+            dict from :func:`perflab.trace.load_trace`, a list of these, a
+            ``{rank: file or dict}`` mapping, or the result of an earlier call.
+
+    Returns:
+        ``{rank: RankTrace}`` sorted by rank. A trace's rank is its
+        ``distributedInfo.rank`` (Kineto writes it under DDP), else the number after
+        "rank" in its file name, else its position in ``source``.
+
+    Raises:
+        ValueError: a folder with no trace files, an empty list, or two traces of one
+            rank. FileNotFoundError / ValueError: see :func:`perflab.trace.load_trace`.
+    """
+    if isinstance(source, Mapping) and source and all(
+            isinstance(v, RankTrace) for v in source.values()):
+        return dict(sorted(source.items()))
+    if isinstance(source, Mapping) and "traceEvents" not in source:
+        items = [(int(r), s) for r, s in source.items()]
+    else:
+        if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
+            files = sorted(p for p in Path(source).iterdir() if p.is_file()
+                           and p.name.endswith((".json", ".json.gz")))
+            if not files:
+                raise ValueError(f"{source} holds no *.json or *.json.gz trace files; "
+                                 "pass the folder torch.profiler wrote its traces to")
+            source = files
+        single = isinstance(source, (str, os.PathLike, Mapping))
+        items = [(None, s) for s in ([source] if single else list(source))]
+        if not items:
+            raise ValueError("load_ranks needs at least one trace; got an empty list")
+    # Parsing a trace allocates ~10^5 objects at once; the cyclic garbage collector then
+    # rescans the whole heap (torch's included) several times, which costs 5-10x the
+    # parse itself. None of these objects form cycles, so it is paused while reading.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        return _read_all(items)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _read_all(items: list[tuple[int | None, Any]]) -> dict[int, RankTrace]:
+    out: dict[int, RankTrace] = {}
+    for position, (rank, s) in enumerate(items):
+        path = None if isinstance(s, Mapping) else str(s)
+        trace = s if isinstance(s, Mapping) else load_trace(s)
+        if not isinstance(trace.get("traceEvents"), list):
+            raise ValueError("trace dict has no 'traceEvents' list; pass the dict that "
+                             "perflab.trace.load_trace() returns")
+        rank = _rank_of(trace, path, position) if rank is None else rank
+        if rank in out:
+            raise ValueError(f"two traces for rank {rank} ({out[rank].path or 'a dict'} "
+                             f"and {path or 'a dict'}); pass one trace per rank, or a "
+                             "{rank: trace} mapping")
+        out[rank] = _prepare(trace, rank, path)
+    return dict(sorted(out.items()))
+

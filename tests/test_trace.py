@@ -152,3 +152,53 @@ def test_real_gpu_trace_fixture():
     kernels = ev[ev["cat"] == "kernel"]
     assert len(kernels) > 0 and (kernels["dur_us"] > 0).all()
     assert json.dumps(trace["traceEvents"][0])  # plain JSON values
+
+
+def test_load_ranks_rounds_ns_traces_inwards_as_hta():
+    from perflab.trace import load_ranks
+
+    def events(ts, dur):
+        return {"traceEvents": [_ev("aten::mm", "cpu_op", dur, ts=ts)]}
+
+    ev = load_ranks(events(1.2, 3.5))[0].events  # float timestamps: ns-resolution trace
+    assert (ev.loc[0, "ts"], ev.loc[0, "end"]) == (2.0, 4.0)
+    ev = load_ranks(events(1, 3.5))[0].events  # integer timestamps: kept as written
+    assert (ev.loc[0, "ts"], ev.loc[0, "end"]) == (1.0, 4.5)
+
+
+def test_load_ranks_drops_the_last_profiler_step_as_hta():
+    from perflab.trace import load_ranks
+
+    def launch(ts, corr):
+        return {**_ev("cudaLaunchKernel", "cuda_runtime", 1.0, ts=ts),
+                "args": {"correlation": corr}}
+
+    def kernel(ts, corr):
+        return {**_ev("gemm", "kernel", 5.0, ts=ts), "args": {"stream": 7,
+                                                              "correlation": corr}}
+    trace = {"traceEvents": [_ev("ProfilerStep#1", "user_annotation", 10.0, ts=0),
+                             _ev("ProfilerStep#2", "user_annotation", 10.0, ts=10),
+                             launch(1, 1), kernel(2, 1), launch(11, 2), kernel(12, 2)]}
+    rt = load_ranks(trace)[0]
+    assert rt.on_gpu
+    assert rt.events["name"].tolist() == ["ProfilerStep#1", "cudaLaunchKernel", "gemm"]
+
+
+def test_analysis_module_can_be_imported_first():
+    import subprocess
+    import sys
+    code = ("import perflab.trace_analysis as a, perflab.trace as t; "
+            "assert t.temporal_breakdown is a.temporal_breakdown")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_load_ranks_restores_the_garbage_collector(tmp_path):
+    import gc
+
+    from perflab.trace import load_ranks
+    assert gc.isenabled()
+    load_ranks({"traceEvents": []})
+    assert gc.isenabled()
+    with pytest.raises(FileNotFoundError):
+        load_ranks(tmp_path / "missing.json")
+    assert gc.isenabled()

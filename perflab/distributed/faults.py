@@ -1,0 +1,38 @@
+"""Deliberate faults for testing the launcher (STYLE: faults are injected on purpose).
+
+Module-level functions so spawned ranks can import them; used by
+``tests/test_distributed.py`` and usable by hand to see what a failure looks like.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["rank_and_sum", "raise_on_rank", "hang_on_rank"]
+
+
+def rank_and_sum() -> tuple[int, int, float]:
+    """(rank, world_size, allreduced sum of ranks): a healthy worker."""
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), float(t)
+
+
+def raise_on_rank(bad_rank: int, message: str = "deliberate fault") -> int:
+    """Rank ``bad_rank`` raises ``ZeroDivisionError(message)``; the others wait in a
+    collective that never completes (as real ranks would)."""
+    if dist.get_rank() == bad_rank:
+        raise ZeroDivisionError(message)
+    dist.barrier()
+    return dist.get_rank()
+
+
+def hang_on_rank(bad_rank: int, hang_s: float = 3600.0) -> int:
+    """Rank ``bad_rank`` sleeps ``hang_s`` seconds (a hung rank); the others wait for it
+    in a barrier."""
+    if dist.get_rank() == bad_rank:
+        time.sleep(hang_s)
+    dist.barrier()
+    return dist.get_rank()

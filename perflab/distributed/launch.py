@@ -1,0 +1,259 @@
+"""``launch_fn(fn, world_size)``: run a function on N ranks with torch.distributed ready.
+
+Built on torch.distributed's elastic launcher (``torch.distributed.launcher.api.
+elastic_launch`` with a ``LaunchConfig``: the engine behind ``torchrun``), configured as
+``torchrun --standalone`` is: a c10d rendezvous on ``localhost:0``, so the operating
+system picks a free port (a busy default port such as 29500 is not an error) and no
+rendezvous server has to be set up by hand.
+
+Each rank is a fresh process (``spawn``) that imports ``fn`` by name, so ``fn`` must be
+a module-level function of an importable module (perflab's workers are; a function
+typed into a notebook cell is not). Inside ``fn`` the default process group is already
+initialised (gloo on CPU with ``threads_per_rank`` torch threads, NCCL on CUDA with one
+GPU per local rank), so ``dist.get_rank()`` works.
+
+Faults (STYLE: failure paths are tested with deliberate faults, see
+:mod:`perflab.distributed.faults`):
+
+* a rank that raises: the agent sees it fail at its next poll (0.1 s), stops the other
+  ranks (SIGTERM, then SIGKILL after ``_SHUTDOWN_S``) and :func:`launch_fn` raises
+  :class:`RankFailedError` naming the rank and its exception (type and message);
+* a rank that hangs: a watchdog thread in every rank dumps all threads' stacks
+  (``faulthandler``) and exits once ``timeout_s`` has passed; the launcher raises
+  :class:`LaunchTimeoutError`. A second timer in the launching process kills any rank
+  still alive 15 s later, so no process is left behind either way.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import tempfile
+import threading
+import traceback
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import psutil
+import torch
+
+__all__ = ["launch_fn", "RankFailedError", "LaunchTimeoutError", "default_backend",
+           "TIMEOUT_EXIT_CODE"]
+
+#: Exit code of a rank stopped by its watchdog (like coreutils' ``timeout``).
+TIMEOUT_EXIT_CODE = 124
+#: Seconds the agent waits after SIGTERM before SIGKILL when stopping ranks.
+_SHUTDOWN_S = 3
+#: Extra seconds the launching process waits before killing ranks itself.
+_BACKSTOP_S = 15.0
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised (or died). ``rank``: the first failing rank; ``errors``: text per rank."""
+
+    def __init__(self, message: str, rank: int, errors: dict[int, str]):
+        super().__init__(message)
+        self.rank = rank
+        self.errors = errors
+
+
+class LaunchTimeoutError(TimeoutError):
+    """Ranks were still running after ``timeout_s``; all were stopped. ``ranks``: which."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def default_backend(device: str = "auto") -> str:
+    """"nccl" when ranks use CUDA (device "cuda"/"auto" with a GPU present), else "gloo"."""
+    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "nccl" if use_cuda else "gloo"
+
+
+def _check_importable(fn: Callable[..., Any]) -> None:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if not callable(fn) or module in (None, "__main__") or "<locals>" in qualname \
+            or "<lambda>" in qualname:
+        raise ValueError(
+            f"fn must be a module-level function of an importable module (spawned ranks "
+            f"import it by name), got {fn!r} from module {module!r}; move it into a .py "
+            "module (e.g. perflab.distributed.worker) and import it from there")
+
+
+def _watchdog(timeout_s: float, rank: int, err_path: Path) -> threading.Timer:
+    """Exit this rank with TIMEOUT_EXIT_CODE after ``timeout_s``, leaving its stacks."""
+
+    def fire() -> None:
+        with open(err_path, "w") as f:
+            f.write(f"TimeoutError: rank {rank} still running after timeout_s={timeout_s:g} s"
+                    "; stacks of its threads:\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        os._exit(TIMEOUT_EXIT_CODE)
+
+    timer = threading.Timer(timeout_s, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
+                threads_per_rank: int, err_dir: str) -> Any:
+    """What each spawned rank runs: set threads and device, init the group, call fn."""
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    err_path = Path(err_dir) / f"rank{rank}.err"
+    watchdog = _watchdog(timeout_s, rank, err_path)
+    try:
+        torch.set_num_threads(threads_per_rank)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        # collectives may wait longer than the watchdog, so a hung rank is reported as a
+        # timeout of every rank (with where each was), not as a gloo error on its peers
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s + 60))
+        try:
+            return fn(*args)
+        except BaseException as e:
+            # written before the group is torn down, so the failing rank's file is older
+            # than the "connection closed" errors its exit causes on the other ranks
+            err_path.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+            raise
+        finally:
+            dist.destroy_process_group()
+    except BaseException as e:
+        if not err_path.exists():
+            err_path.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+        raise
+    finally:
+        watchdog.cancel()
+
+
+def _ranks_started_since(before: set[int]) -> list[psutil.Process]:
+    """Spawned rank processes (and their children) under this one, not in ``before``.
+
+    Only ``multiprocessing.spawn`` children count: the resource tracker that
+    multiprocessing starts once and keeps for the life of the process is left alone.
+    """
+    found: list[psutil.Process] = []
+    try:
+        for p in psutil.Process().children(recursive=False):
+            if p.pid in before or "spawn_main" not in " ".join(p.cmdline()):
+                continue
+            found += [p, *p.children(recursive=True)]
+    except psutil.Error:
+        pass
+    return found
+
+
+def _kill_new_children(before: set[int]) -> None:
+    """Kill rank processes started since ``before`` (pids), children first."""
+    for p in reversed(_ranks_started_since(before)):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
+              backend: str | None = None, device: str = "auto", timeout_s: float = 300,
+              threads_per_rank: int = 1) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` local ranks; return their results by rank.
+
+    Args:
+        fn: a module-level function (imported by name in each spawned rank); its return
+            value must be picklable.
+        world_size: ranks (processes) on this machine, >= 1.
+        args: positional arguments for ``fn`` (picklable).
+        backend: "gloo", "nccl" or None (= :func:`default_backend` of ``device``).
+        device: "auto", "cpu" or "cuda": only used to choose the backend.
+        timeout_s: seconds after which a rank still running is stopped (> 0); also the
+            process group's collective timeout.
+        threads_per_rank: ``torch.set_num_threads`` in each rank (>= 1).
+
+    Returns:
+        ``[fn's return value on rank 0, on rank 1, ...]``.
+
+    Raises:
+        ValueError: bad arguments (before any process starts).
+        RankFailedError: a rank raised or died; names the rank and its exception.
+        LaunchTimeoutError: ranks still ran after ``timeout_s``; all were stopped.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    _check_importable(fn)
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1 (ranks), got {world_size!r}")
+    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    if not isinstance(threads_per_rank, int) or threads_per_rank < 1:
+        raise ValueError(f"threads_per_rank must be an int >= 1, got {threads_per_rank!r}")
+    backend = backend or default_backend(device)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} "
+                         f"but {torch.cuda.device_count()} GPU(s) here; use backend='gloo' "
+                         "(device='cpu') or fewer ranks")
+
+    err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # as `torchrun --standalone`
+        max_restarts=0, monitor_interval=0.1, start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    backstop = threading.Timer(timeout_s + _BACKSTOP_S, _kill_new_children, (before,))
+    backstop.daemon = True
+    backstop.start()
+    try:
+        out = elastic_launch(config, _rank_entry)(fn, tuple(args), backend, float(timeout_s),
+                                                  threads_per_rank, err_dir)
+    except ChildFailedError as e:
+        raise _failure(e, err_dir, world_size, timeout_s) from None
+    finally:
+        backstop.cancel()
+        _kill_new_children(before)  # normally none left: the agent reaped them
+    return [out[r] for r in range(world_size)]
+
+
+def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float) -> Exception:
+    """Turn elastic's ChildFailedError into a RankFailedError or LaunchTimeoutError."""
+    errors: dict[int, str] = {}
+    for r in range(world_size):
+        p = Path(err_dir) / f"rank{r}.err"
+        if p.is_file():
+            errors[r] = p.read_text()
+    timed_out = sorted(r for r, text in errors.items() if text.startswith("TimeoutError"))
+    if timed_out:
+        where = "\n".join(f"  rank {r}: {_innermost_frame(errors[r])}" for r in timed_out)
+        return LaunchTimeoutError(
+            f"rank(s) {timed_out} still running after timeout_s={timeout_s:g} s; all "
+            f"{world_size} ranks were stopped. Where each was:\n{where}\n\n"
+            f"{errors[timed_out[0]]}", timed_out)
+    raised = sorted(errors, key=lambda r: (Path(err_dir) / f"rank{r}.err").stat().st_mtime_ns)
+    if raised:
+        rank = raised[0]
+        first_line = errors[rank].splitlines()[0]
+        return RankFailedError(f"rank {rank} raised {first_line}\n\n{errors[rank]}",
+                               rank, errors)
+    rank, failure = min(e.failures.items())
+    how = (f"signal {failure.signal_name()}" if failure.exitcode < 0
+           else f"exit code {failure.exitcode}")
+    return RankFailedError(f"rank {rank} died ({how}) without a Python exception",
+                           rank, {r: str(f) for r, f in e.failures.items()})
+
+
+def _innermost_frame(dump: str) -> str:
+    """The main thread's innermost ``File ... line N in f`` from a faulthandler dump."""
+    blocks = dump.split("\nThread ")
+    for block in reversed(blocks):
+        frames = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("File ")]
+        if frames and "in fire" not in frames[0]:
+            return frames[0]
+    return "(no stack)"

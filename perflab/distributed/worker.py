@@ -1,0 +1,284 @@
+"""The per-rank DDP worker and ``launch(config)``: one RunResult per rank.
+
+Each rank (started by :func:`perflab.distributed.launch_fn`, or by ``torchrun`` through
+``python -m perflab.distributed``) builds the same pieces as the single-process
+:func:`perflab.train.run`: :func:`perflab.train.build_training` (loader, model,
+optimizer), :class:`perflab.loading.BatchStream`, :class:`perflab.timing.PhaseTimer`
+and :mod:`perflab.memory`. Data differ by rank through a **rank-offset seed**
+(``seed + rank`` seeds the shuffle and the augmentations of the rank's loader); the
+models start equal because DDP broadcasts rank 0's parameters when it wraps the model.
+
+A run measures four blocks of steps, in this order:
+
+1. ``compute`` (warm-up + ``steps``): the step under ``model.no_sync()``, no allreduce:
+   the compute-only step time. Its warm-up median is the base of
+   ``Straggler(delay_frac=...)``. Model and optimizer state are restored afterwards, so
+   the ranks stay identical.
+2. the DDP steps (warm-up + ``steps``): phases data, forward, backward (DDP's allreduce
+   overlapped with it), optimizer, other, step; all but the last micro-batch of
+   ``accumulation_steps`` under ``no_sync``. DDP's buckets are read after this block.
+3. ``comm`` (``steps``): the gradient allreduce alone, DDP's bucket sizes in DDP's
+   order through the same link / compression
+   (:func:`perflab.collectives.timed_allreduce_buckets`), no compute.
+4. only with ``config.straggler`` (``steps``): local compute (data, forward, backward
+   under ``no_sync``, with the injected delay; then the optimizer) and, between
+   backward and optimizer, the gradient allreduce done by hand bucket by bucket
+   (:func:`perflab.distributed.ddp.allreduce_by_bucket`), timed as the **wait**: the
+   time this rank waits for the slowest rank plus the transfer. Per step:
+   ``wait_s`` = the allreduce, ``compute_s`` = step - wait, ``step_s``; stored in
+   ``extra["per_step"]``, and every rank's ``compute_s`` all-gathered into
+   ``extra["all_ranks_compute_s"]`` (ranks x steps) for the straggler detector.
+
+The straggler's delay (sleeping) is injected on its rank in every measured step of every
+block (not in warm-up steps), at ``where``: in the data phase, at the start of the
+forward phase, or at the start of the backward phase.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from perflab.config import RunConfig
+from perflab.env import env_summary
+from perflab.loading import BatchStream
+from perflab.measurement import Measurement
+from perflab.memory import read_peak, reset_peak
+from perflab.result import RunResult
+from perflab.timing import PhaseTimer, Stopwatch
+from perflab.train import AMP_DTYPES, build_training
+from perflab.distributed.ddp import (allreduce_by_bucket, bucket_params, check_ddp_config,
+                                     ddp_buckets, wrap_ddp)
+from perflab.distributed.launch import default_backend, launch_fn
+
+__all__ = ["ddp_worker", "rank_device", "launch"]
+
+
+def rank_device(config: RunConfig) -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` when the config resolves to CUDA, else it."""
+    dev = config.resolved_device()
+    if dev.type == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return dev
+
+
+class _Step:
+    """One training step of the DDP model, with the straggler's delay where asked."""
+
+    def __init__(self, ddp: Any, optimizer: Any, batches: BatchStream, config: RunConfig,
+                 scaler: Any):
+        self.ddp, self.optimizer, self.batches = ddp, optimizer, batches
+        self.config, self.scaler = config, scaler
+        self.delay_s = 0.0  # set on the straggler rank after the warm-up
+        self.where = config.straggler.where if config.straggler else None
+
+    def _sleep(self, where: str, micro: int) -> None:
+        if self.delay_s > 0 and self.where == where and micro == 0:
+            time.sleep(self.delay_s)  # the injected straggler: sleeping, no CPU burned
+
+    def local(self, timer: Any, *, sync: bool) -> torch.Tensor:
+        """data / forward / backward of every micro-batch; no optimizer step.
+
+        ``sync=False``: all micro-batches under ``no_sync`` (no allreduce at all);
+        ``sync=True``: all but the last, whose backward runs DDP's overlapped allreduce.
+        """
+        acc, total = self.config.accumulation_steps, torch.zeros(())
+        for micro in range(acc):
+            last = micro == acc - 1
+            with (contextlib.nullcontext() if sync and last else self.ddp.no_sync()):
+                with timer.phase("data"):
+                    self._sleep("data", micro)
+                    x, y = next(self.batches)  # (B, 3, H, W) float32, (B,) int64
+                with timer.phase("forward"):
+                    self._sleep("before_forward", micro)
+                    with torch.autocast(x.device.type, dtype=AMP_DTYPES[self.config.amp],
+                                        enabled=self.config.amp != "off"):
+                        loss = F.cross_entropy(self.ddp(x), y) / acc
+                with timer.phase("backward"):
+                    self._sleep("before_backward", micro)
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total = total + loss.detach().float().cpu()
+        return total
+
+    def optimize(self, timer: Any) -> None:
+        with timer.phase("optimizer"):
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+def _block(step: _Step, n: int, timer: PhaseTimer, bar: Any, *, sync: bool,
+           explicit: list | None = None, link_state: Any = None) -> list[float]:
+    """Run ``n`` steps into ``timer``; returns the losses. ``explicit``: bucket params
+    to allreduce by hand (phase "wait") instead of DDP's overlapped allreduce."""
+    losses = []
+    for _ in range(n):
+        if link_state is not None:
+            link_state.reset()
+        with timer.step():
+            loss = step.local(timer, sync=sync)
+            if explicit is not None:
+                with timer.phase("wait"):
+                    allreduce_by_bucket(explicit, compression=step.config.comm_hook)
+            step.optimize(timer)
+        losses.append(float(loss))
+        bar.update()
+    return losses
+
+
+def ddp_worker(config: RunConfig, progress: bool = False) -> RunResult:
+    """Train ``config`` on this rank of an initialised process group; measure it.
+
+    See the module docstring for the four blocks and what each measures. Runs on every
+    rank; ``progress`` shows a tqdm bar on rank 0.
+
+    Returns:
+        This rank's :class:`RunResult` (``rank`` set, not saved): phases "data",
+        "forward", "backward", "optimizer", "other", "step" (DDP steps), "compute",
+        "comm" (seconds); ``extra`` with "buckets", "link", "straggler", "delay_s",
+        "per_step" (None without a straggler), "all_ranks_compute_s", "backend",
+        "world_size", "data_seed", "param_checksum" (sum of all parameters at the end).
+    """
+    from perflab.collectives import timed_allreduce_buckets
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    wall = Stopwatch().start()
+    device = rank_device(config)
+    local = config.replace(seed=config.seed + rank,  # rank-offset seed: data differ by rank
+                           device=str(device) if device.type == "cuda" else config.device)
+    loader, model, optimizer, device = build_training(local)
+    ddp, link_state = wrap_ddp(model, config, device)
+    scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+    was_reset = reset_peak(device)
+    batches = BatchStream(loader, local, device)
+    s = config.straggler
+    w, n = config.warmup_steps, config.steps
+    total = 2 * (w + n) + n + (n if s else 0)
+    bar = tqdm(total=total, desc=f"rank {rank}: {config.display_label()}", unit="step",
+               disable=not (progress and rank == 0), leave=False)
+    try:
+        step = _Step(ddp, optimizer, batches, config, scaler)
+        # 1. compute-only (no_sync); restore the state after, so ranks stay identical
+        saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
+        comp = PhaseTimer(device)
+        _block(step, w, comp, bar, sync=False)
+        if s is not None and rank == s.rank:
+            if s.delay_s is not None:
+                step.delay_s = s.delay_s
+            else:
+                # check_ddp_config made sure w >= 2: the median of the warm-up steps
+                step.delay_s = s.delay_frac * comp.measurements(warmup=0)["step"].median
+        _block(step, n, comp, bar, sync=False)
+        model.load_state_dict(saved[0])
+        optimizer.load_state_dict(saved[1])
+        optimizer.zero_grad(set_to_none=True)
+        # 2. DDP steps (the delay is off during warm-up)
+        delay, step.delay_s = step.delay_s, 0.0
+        timer = PhaseTimer(device)
+        losses = _block(step, w, timer, bar, sync=True, link_state=link_state)
+        step.delay_s = delay
+        losses += _block(step, n, timer, bar, sync=True, link_state=link_state)
+        buckets = ddp_buckets(ddp)
+        # 3. the allreduce alone, DDP's buckets through the same link / compression
+        compression = config.comm_hook if config.comm_hook in ("fp16", "bf16") else "none"
+        sizes = [b["nbytes"] for b in buckets]
+        timed_allreduce_buckets(sizes, link=config.link, compression=compression)  # warm-up
+        comm_s = []
+        for _ in range(n):
+            comm_s.append(timed_allreduce_buckets(sizes, link=config.link,
+                                                  compression=compression))
+            bar.update()
+        # 4. straggler runs: local compute, then the allreduce by hand (= the wait)
+        per_step = None
+        if s is not None:
+            expl = PhaseTimer(device)
+            _block(step, n, expl, bar, sync=False, explicit=bucket_params(ddp))
+            m = expl.measurements(warmup=0)
+            wait_s, step_s = list(m["wait"].times_s), list(m["step"].times_s)
+            per_step = {"compute_s": [t - u for t, u in zip(step_s, wait_s)],
+                        "wait_s": wait_s, "step_s": step_s}
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, per_step["compute_s"] if per_step else None)
+        peak = read_peak(device, was_reset=was_reset)
+    finally:
+        bar.close()
+        batches.close()
+    label = config.display_label()
+    phases = timer.measurements(warmup=w, samples_per_step=config.batch_size, label=label)
+    phases["compute"] = comp.measurements(warmup=w, samples_per_step=config.batch_size,
+                                          label=label)["step"].relabel(f"{label} compute")
+    phases["comm"] = Measurement(label=f"{label} comm", times_s=tuple(comm_s))
+    env = env_summary(config.device, config.dataset).to_dict()
+    env["torch_threads"] = torch.get_num_threads()
+    extra = {"buckets": buckets, "link": config.link.describe() if config.link else None,
+             "straggler": s.describe() if s else None, "delay_s": step.delay_s,
+             "per_step": per_step,
+             "all_ranks_compute_s": gathered if per_step else None,
+             "backend": dist.get_backend(), "world_size": world_size,
+             "data_seed": local.seed,
+             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()
+                                   if p.requires_grad),
+             # equal on every rank when DDP kept the replicas identical
+             "param_checksum": float(sum(p.detach().double().sum().cpu()
+                                         for p in model.parameters()))}
+    return RunResult(config=config, phases=phases, losses=tuple(losses), peak_memory=peak,
+                     env=env, num_classes=len(loader.dataset.classes),
+                     wall_s=wall.elapsed_s, rank=rank, extra=extra)
+
+
+def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float = 600,
+           progress: bool = True, save: bool = True, results_dir: str | None = None
+           ) -> list[RunResult]:
+    """Run ``config`` data-parallel on ``world_size`` local ranks; one RunResult per rank.
+
+    Starts the ranks with :func:`launch_fn` (elastic launcher; gloo with
+    ``config.threads or 1`` torch threads per rank on CPU, NCCL with one GPU per rank on
+    CUDA), runs :func:`ddp_worker` on each, and saves each rank's result like
+    :func:`perflab.train.run` does (``<label>-rank<r>.json``).
+
+    Args:
+        config: the experiment; ``config.world_size`` ranks unless ``world_size`` is
+            given (then ``config.replace(world_size=world_size)``).
+        world_size: ranks, >= 1, or None.
+        timeout_s: seconds after which ranks still running are stopped.
+        progress: a tqdm bar in rank 0 (shown where that process's stderr goes: the
+            terminal running Jupyter or torchrun).
+        save: write each rank's result as JSON.
+        results_dir: where to save (None -> :func:`perflab.result.default_results_dir`).
+
+    Returns:
+        ``[rank 0's RunResult, rank 1's, ...]``; ``extra["launch_overhead_s"]``: this
+        call's wall time minus the slowest rank's own wall time (process start-up,
+        rendezvous, teardown), seconds.
+
+    Raises:
+        ValueError: invalid config or settings (before any process starts).
+        RankFailedError, LaunchTimeoutError: see :func:`launch_fn`.
+    """
+    if world_size is not None:
+        config = config.replace(world_size=world_size)
+    if not isinstance(config, RunConfig):
+        raise ValueError(f"config must be a RunConfig, got {type(config).__name__}")
+    backend = default_backend(config.device)
+    check_ddp_config(config, backend)
+    config.resolved_device()  # raises for a device this machine does not have
+    wall = Stopwatch().start()
+    results = launch_fn(ddp_worker, config.world_size, args=(config, progress),
+                        backend=backend, device=config.device, timeout_s=timeout_s,
+                        threads_per_rank=config.threads or 1)
+    overhead = wall.elapsed_s - max(r.wall_s for r in results)
+    out = []
+    for r in results:
+        r.extra["launch_overhead_s"] = overhead
+        out.append(r.save(results_dir) if save else r)
+    return out

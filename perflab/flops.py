@@ -1,0 +1,384 @@
+"""FLOPs of a training step, peak FLOP/s, and model / hardware FLOPs utilisation (Lab 08).
+
+* FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` (PyTorch's own
+  counter: matmuls, convolutions and attention, a multiply-add counted as 2 FLOPs;
+  elementwise ops, normalisation and pooling are not counted, as in the literature).
+  ResNet-18's forward at 224 px is 3.63 GFLOPs = 1.81 GMACs per sample; its backward
+  about twice that (input and weight gradients; the first conv needs no input gradient).
+* Utilisation follows the PaLM paper (Chowdhery et al. 2022, appendix B):
+  MFU = achieved *model* FLOP/s / peak FLOP/s, where model FLOPs are the useful ones
+  (forward + backward); HFU = achieved *hardware* FLOP/s / peak, where hardware FLOPs
+  also count the forward pieces activation checkpointing recomputes in backward.
+* Peak FLOP/s: the vendor datasheet value for known GPUs (:data:`PEAK_TFLOPS`, dense,
+  no structured sparsity), else a *measured* matmul peak (CPU or unknown GPU), labelled
+  "measured"; never a guess (an unmeasurable peak is None and MFU "unavailable").
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from perflab.config import RunConfig
+from perflab.models import build_model
+from perflab.result import RunResult
+from perflab.timing import measure
+
+__all__ = ["FlopCount", "count_flops", "PeakFlops", "peak_flops", "measure_peak_flops",
+           "PEAK_TFLOPS", "Utilization", "utilization", "mfu_pct", "dtype_of"]
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16"]
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
+_TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+                "fp16": torch.float16}
+
+#: Dense peak TFLOP/s per dtype from each vendor datasheet (the datasheets print TF32,
+#: BF16 and FP16 Tensor Core figures "with sparsity"; the dense values here are half of
+#: those). Keys are matched against ``torch.cuda.get_device_name()`` in order.
+#: Sources: "NVIDIA A100 Tensor Core GPU" datasheet (SXM4 and PCIe: FP32 19.5, TF32 156,
+#: BF16/FP16 312); "NVIDIA H100 Tensor Core GPU" datasheet (SXM: FP32 67, TF32 494.5,
+#: BF16/FP16 989.5; PCIe: 51, 378, 756; NVL: 60, 417.5, 835.5); "NVIDIA H200 Tensor
+#: Core GPU" datasheet (SXM: 67, 494.5, 989.5; NVL: 60, 417.5, 835.5); "NVIDIA L4 Tensor
+#: Core GPU" datasheet (30.3, 60, 121); "NVIDIA L40S GPU" datasheet (91.6, 183, 362);
+#: "NVIDIA A10 Tensor Core GPU" datasheet (31.2, 62.5, 125); "NVIDIA V100 Tensor Core
+#: GPU" datasheet (SXM2: FP32 15.7, FP16 125; PCIe: 14, 112; no TF32/BF16); "NVIDIA T4"
+#: datasheet (FP32 8.1, FP16 65; no TF32/BF16).
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+    "H200": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
+    "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+    "A100 PCIe": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    "A100 SXM": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+    "A10": {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+    "V100 SXM2": {"fp32": 15.7, "fp16": 125.0},
+    "V100 PCIe": {"fp32": 14.0, "fp16": 112.0},
+    "T4": {"fp32": 8.1, "fp16": 65.0},
+}
+
+
+def _table_key(device_name: str) -> str | None:
+    """The :data:`PEAK_TFLOPS` key for a ``torch.cuda.get_device_name()`` string.
+
+    Examples: "NVIDIA H100 80GB HBM3" -> "H100 SXM", "NVIDIA H100 PCIe" -> "H100 PCIe",
+    "NVIDIA A100-SXM4-80GB" -> "A100 SXM", "NVIDIA A100 80GB PCIe" -> "A100 PCIe",
+    "Tesla V100-SXM2-16GB" -> "V100 SXM2", "NVIDIA L4" -> "L4" (not "L40S").
+    """
+    name = device_name.upper()
+    for chip in ("H200", "H100", "A100", "V100", "L40S", "L4", "A10", "T4"):
+        if not re.search(rf"\b{chip}\b", name.replace("-", " ")):
+            continue
+        if chip in ("H200", "H100"):
+            form = "NVL" if "NVL" in name else "PCIe" if "PCIE" in name else "SXM"
+            key = f"{chip} {form}" if not (chip == "H200" and form == "SXM") else "H200"
+            return key if key in PEAK_TFLOPS else None
+        if chip == "A100":
+            return "A100 PCIe" if "PCIE" in name else "A100 SXM"
+        if chip == "V100":
+            return "V100 PCIe" if "PCIE" in name else "V100 SXM2"
+        return chip
+    return None
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs of one training step (``FlopCounterMode``; a multiply-add = 2 FLOPs).
+
+    Attributes:
+        batch_size: samples per step the per-step numbers are for.
+        forward_flops: forward FLOPs per step (model + loss).
+        backward_flops: backward FLOPs per step without recomputation.
+        recompute_flops: forward FLOPs activation checkpointing re-runs in backward, per
+            step (0 without checkpointing).
+        by_op: backward-free forward FLOPs per step by aten op name.
+    """
+
+    batch_size: int
+    forward_flops: int
+    backward_flops: int
+    recompute_flops: int
+    by_op: dict[str, int]
+
+    @property
+    def model_flops(self) -> int:
+        """Useful FLOPs per step: forward + backward (PaLM's "model FLOPs")."""
+        return self.forward_flops + self.backward_flops
+
+    @property
+    def hardware_flops(self) -> int:
+        """FLOPs executed per step: model FLOPs + recomputation (PaLM's "hardware")."""
+        return self.model_flops + self.recompute_flops
+
+    @property
+    def model_flops_per_sample(self) -> float:
+        return self.model_flops / self.batch_size
+
+    @property
+    def hardware_flops_per_sample(self) -> float:
+        return self.hardware_flops / self.batch_size
+
+    @property
+    def forward_flops_per_sample(self) -> float:
+        return self.forward_flops / self.batch_size
+
+    def __repr__(self) -> str:
+        g = 1e9
+        return (f"FlopCount(per sample: forward {self.forward_flops / self.batch_size / g:.3f}"
+                f" GFLOPs, backward {self.backward_flops / self.batch_size / g:.3f}, "
+                f"recompute {self.recompute_flops / self.batch_size / g:.3f}; per step of "
+                f"{self.batch_size}: model {self.model_flops / g:.2f} GFLOPs, hardware "
+                f"{self.hardware_flops / g:.2f})")
+
+
+def _counted(fn) -> tuple[int, dict[str, int], object]:
+    with FlopCounterMode(display=False) as counter:
+        out = fn()
+    by_op = {str(op).split(".")[-1] if "." in str(op) else str(op): n
+             for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    return counter.get_total_flops(), by_op, out
+
+
+def count_flops(model: RunConfig | torch.nn.Module, *, batch_size: int | None = None,
+                image_size: int | None = None, num_classes: int = 10,
+                checkpointing: str | int | None = None) -> FlopCount:
+    """Count one training step's FLOPs with ``torch.utils.flop_counter.FlopCounterMode``.
+
+    The step (forward + cross-entropy, then backward) runs on the ``meta`` device (shapes
+    only, no arithmetic, so counting 224 px takes a fraction of a second) on a copy of
+    the model. With activation checkpointing the backward is counted twice, without and
+    with it: the difference is what checkpointing recomputes.
+
+    Args:
+        model: a :class:`RunConfig` (its model, image_size, batch_size and checkpointing)
+            or an ``nn.Module`` mapping (B, 3, S, S) float32 to (B, num_classes) logits.
+        batch_size: samples per step (>= 1); default the config's (or 1 for a module).
+        image_size: S in pixels (>= 16); default the config's (or 224 for a module).
+        num_classes: classes of the final layer when built from a config (the embedded
+            dataset has 10).
+        checkpointing: overrides the config's setting; for a module it must have
+            ``set_checkpointing`` (perflab's ResNet).
+
+    Returns:
+        A :class:`FlopCount` (integer FLOPs per step).
+
+    Raises:
+        ValueError: batch_size < 1, image_size < 16, or checkpointing asked of a module
+            without ``set_checkpointing``.
+    """
+    if isinstance(model, RunConfig):
+        batch_size = model.batch_size if batch_size is None else batch_size
+        image_size = model.image_size if image_size is None else image_size
+        checkpointing = model.checkpointing if checkpointing is None else checkpointing
+        net = build_model(model.model, num_classes)
+    else:
+        batch_size = 1 if batch_size is None else batch_size
+        image_size = 224 if image_size is None else image_size
+        net = model
+    checkpointing = "none" if checkpointing is None else checkpointing
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1 sample, got {batch_size!r}")
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 16:
+        raise ValueError(f"image_size must be an int >= 16 pixels, got {image_size!r}")
+    if checkpointing != "none" and not hasattr(net, "set_checkpointing"):
+        raise ValueError(f"checkpointing={checkpointing!r} needs a model with "
+                         "set_checkpointing (perflab's ResNet); pass checkpointing='none'")
+    import copy
+    net = copy.deepcopy(net).to("meta").train()
+    if hasattr(net, "set_checkpointing"):
+        net.set_checkpointing("none")
+    x = torch.empty(batch_size, 3, image_size, image_size, device="meta")   # (B, 3, S, S)
+    y = torch.zeros(batch_size, dtype=torch.int64, device="meta")           # (B,)
+
+    def step_flops() -> tuple[int, int, dict[str, int]]:
+        fwd, by_op, loss = _counted(lambda: F.cross_entropy(net(x), y))
+        bwd, _, _ = _counted(lambda: loss.backward())  # type: ignore[union-attr]
+        net.zero_grad(set_to_none=True)
+        return fwd, bwd, by_op
+
+    forward, backward, by_op = step_flops()
+    recompute = 0
+    if checkpointing != "none":
+        net.set_checkpointing(checkpointing)
+        recompute = step_flops()[1] - backward
+    return FlopCount(batch_size=batch_size, forward_flops=forward, backward_flops=backward,
+                     recompute_flops=recompute, by_op=by_op)
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """A peak FLOP/s and where it came from.
+
+    Attributes:
+        flops_per_s: peak FLOP/s, or None when unavailable (MFU is then unavailable).
+        dtype: "fp32", "tf32", "bf16" or "fp16".
+        device_name: e.g. "NVIDIA H100 80GB HBM3" or the CPU's model name.
+        source: "datasheet: <document>", "measured: <how>", or "unavailable: <why>".
+    """
+
+    flops_per_s: float | None
+    dtype: str
+    device_name: str
+    source: str
+
+    @property
+    def tflops(self) -> float | None:
+        return None if self.flops_per_s is None else self.flops_per_s / 1e12
+
+    def __repr__(self) -> str:
+        value = "unavailable" if self.flops_per_s is None else f"{self.tflops:.3g} TFLOP/s"
+        return f"PeakFlops({value} {self.dtype} on {self.device_name}; {self.source})"
+
+
+_MEASURED: dict[tuple, PeakFlops] = {}  # (device, dtype, n, threads) -> measured peak
+
+
+def measure_peak_flops(device: str | torch.device = "cpu", dtype: Dtype = "fp32", *,
+                       n: int = 1024, repeats: int = 10) -> PeakFlops:
+    """MEASURE a matmul peak: ``n x n @ n x n`` (2 n^3 FLOPs) timed with
+    :func:`perflab.timing.measure` (synchronised, warm-up dropped), best of ``repeats``.
+
+    This is the achievable dense-matmul rate of this device at the current thread count,
+    not a datasheet number, so MFU against it reads higher than against a theoretical
+    peak; the result says "measured". Cached per (device, dtype, n, threads).
+
+    Raises:
+        ValueError: unknown dtype, n < 64, or repeats < 2.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 64:
+        raise ValueError(f"n must be an int >= 64 (matrix side), got {n!r}")
+    if repeats < 2:
+        raise ValueError(f"repeats must be >= 2, got {repeats!r}")
+    dev = torch.device(device)
+    key = (str(dev), dtype, n, torch.get_num_threads())
+    if key not in _MEASURED:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=gen).to(dev, _TORCH_DTYPE[dtype])
+        b = torch.randn(n, n, generator=gen).to(dev, _TORCH_DTYPE[dtype])
+        m = measure(lambda: a @ b, warmup=2, repeats=repeats, device=dev)
+        best_s = min(m.times_s)
+        name = _device_name(dev)
+        _MEASURED[key] = PeakFlops(
+            2 * n ** 3 / best_s, dtype, name,
+            f"measured: {n}x{n} {dtype} matmul, best of {repeats}, "
+            f"{torch.get_num_threads()} threads")
+    return _MEASURED[key]
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    from perflab.env import env_summary
+    return str(env_summary("cpu").to_dict().get("device_name") or dev.type)
+
+
+def peak_flops(device: str | torch.device = "auto", dtype: Dtype = "fp32", *,
+               measure_unknown: bool = True) -> PeakFlops:
+    """Peak dense FLOP/s of ``device`` in ``dtype``: datasheet, measured, or unavailable.
+
+    A CUDA GPU in :data:`PEAK_TFLOPS` gets its datasheet value (dense); a CPU, or a GPU
+    not in the table, gets :func:`measure_peak_flops` when ``measure_unknown``, else
+    "unavailable" (flops_per_s None). A dtype the datasheet lists no figure for (e.g.
+    bf16 on a V100) is unavailable.
+
+    Raises:
+        ValueError: unknown dtype (before any work).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    from perflab.config import resolve_device
+    dev = resolve_device(str(device))
+    name = _device_name(dev)
+    if dev.type == "cuda":
+        key = _table_key(name)
+        if key is not None:
+            tflops = PEAK_TFLOPS[key].get(dtype)
+            if tflops is None:
+                return PeakFlops(None, dtype, name, f"unavailable: the {key} datasheet "
+                                 f"lists no {dtype} figure")
+            return PeakFlops(tflops * 1e12, dtype, name,
+                             f"datasheet: NVIDIA {key.split()[0]} datasheet, {key}, dense")
+    if dtype == "tf32" and dev.type != "cuda":
+        return PeakFlops(None, dtype, name, "unavailable: tf32 is a CUDA tensor-core format")
+    if measure_unknown:
+        return measure_peak_flops(dev, dtype)
+    return PeakFlops(None, dtype, name, "unavailable: device not in the datasheet table "
+                     "and measure_unknown=False")
+
+
+def dtype_of(config: RunConfig) -> str:
+    """The dtype a run's matmuls/convs use: amp bf16/fp16, else tf32 on a CUDA GPU with
+    compute capability >= 8 when ``torch.backends.cudnn.allow_tf32`` (PyTorch's default
+    for convolutions, "TensorFloat-32 (TF32) on Ampere" in the CUDA semantics notes),
+    else fp32."""
+    if config.amp != "off":
+        return config.amp
+    dev = config.resolved_device()
+    if (dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 8
+            and torch.backends.cudnn.allow_tf32 and config.model == "resnet18"):
+        return "tf32"
+    return "fp32"
+
+
+def mfu_pct(flops_per_step: float, step_time_s: float, peak_flops_per_s: float | None
+            ) -> float | None:
+    """Utilisation in percent: 100 * (flops_per_step / step_time_s) / peak (PaLM, app. B).
+
+    Pass model FLOPs for MFU, hardware FLOPs (with recomputation) for HFU.
+    Returns None when the peak is unavailable.
+
+    Raises:
+        ValueError: flops_per_step < 0 or step_time_s <= 0.
+    """
+    if flops_per_step < 0:
+        raise ValueError(f"flops_per_step must be >= 0, got {flops_per_step!r}")
+    if not step_time_s > 0:
+        raise ValueError(f"step_time_s must be > 0 seconds, got {step_time_s!r}")
+    if peak_flops_per_s is None:
+        return None
+    return 100.0 * flops_per_step / step_time_s / peak_flops_per_s
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """Achieved FLOP/s of a run and its MFU / HFU (None = unavailable)."""
+
+    label: str
+    step_time_s: float
+    model_flops_per_s: float
+    hardware_flops_per_s: float
+    mfu_pct: float | None
+    hfu_pct: float | None
+    peak: PeakFlops
+
+    def __repr__(self) -> str:
+        f = lambda v: "unavailable" if v is None else f"{v:.2f} %"  # noqa: E731
+        return (f"Utilization {self.label!r}: {self.model_flops_per_s / 1e9:,.2f} model "
+                f"GFLOP/s, MFU {f(self.mfu_pct)}, HFU {f(self.hfu_pct)} of {self.peak!r}")
+
+
+def utilization(result: RunResult, *, flops: FlopCount | None = None,
+                peak: PeakFlops | None = None) -> Utilization:
+    """MFU and HFU of a measured run (PaLM, appendix B), from its median step time.
+
+    Args:
+        result: a :class:`RunResult` (its config gives model, batch, checkpointing).
+        flops: FLOPs (scaled per sample to the run's batch size); default
+            :func:`count_flops` of ``result.config``.
+        peak: default :func:`peak_flops` for the config's device and :func:`dtype_of`.
+    """
+    flops = flops or count_flops(result.config, num_classes=result.num_classes)
+    peak = peak or peak_flops(result.config.device, dtype_of(result.config))
+    t, b = result.step.median, result.config.batch_size
+    model, hardware = flops.model_flops_per_sample * b, flops.hardware_flops_per_sample * b
+    return Utilization(result.label, t, model / t, hardware / t,
+                       mfu_pct(model, t, peak.flops_per_s),
+                       mfu_pct(hardware, t, peak.flops_per_s), peak)

@@ -1,0 +1,338 @@
+"""What a ladder climb found: the :class:`Ladder` table, its plots, report and panel.
+
+:func:`perflab.ladder.climb` measures; this module shows: a table (step time,
+throughput with 95 % CI, speedup per rung and cumulative, MFU, peak memory), a waterfall
+of the cumulative speedup, the phase breakdown per rung, ``report.md`` with the
+environment summary, and :func:`ladder_panel`, the Lab 08 widget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from perflab.measurement import Comparison
+from perflab.plots import _InlineFigure, figure_to_png, plot_phases
+from perflab.result import RunResult
+
+__all__ = ["Rung", "Ladder", "ladder_panel", "TABLE_COLUMNS"]
+
+#: Columns of :attr:`Ladder.table`, in order.
+TABLE_COLUMNS = ("rung", "status", "change", "batch_size", "step_time_ms", "samples_per_s",
+                 "samples_per_s_ci_low", "samples_per_s_ci_high", "speedup",
+                 "speedup_ci_low", "speedup_ci_high", "p_value", "cumulative_speedup",
+                 "mfu_pct", "peak_mem_gib", "verdict")
+_KEPT, _DROPPED = "#009E73", "#B0B0B0"  # Okabe-Ito green, grey (as perflab.plots)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One measured rung.
+
+    Attributes:
+        name: the rung (one of :data:`perflab.ladder.RUNGS`).
+        change: what the rung changed, e.g. ``"amp='bf16'"``.
+        incumbent: the best-so-far config's RunResult, measured in the same interleaved
+            rounds as the candidate.
+        candidate: the candidate's RunResult.
+        comparison: per-sample time, incumbent vs candidate (speedup > 1: faster).
+        kept: True when the candidate is significantly faster (it became the best).
+        note: how a larger batch was chosen, in words ("" otherwise).
+    """
+
+    name: str
+    change: str
+    incumbent: RunResult
+    candidate: RunResult
+    comparison: Comparison
+    kept: bool
+    note: str = ""
+
+
+def _mfu(result: RunResult) -> float:
+    """MFU in % (NaN when the peak is unavailable); see :func:`perflab.flops.utilization`."""
+    from perflab.flops import utilization
+
+    u = utilization(result)
+    return math.nan if u.mfu_pct is None else u.mfu_pct
+
+
+def _row(rung: str, status: str, change: str, r: RunResult | None, c: Comparison | None,
+         cumulative: float, verdict: str, mfu: bool) -> dict[str, Any]:
+    nan = math.nan
+    row = dict.fromkeys(TABLE_COLUMNS, nan)
+    row.update(rung=rung, status=status, change=change, cumulative_speedup=cumulative,
+               verdict=verdict)
+    if r is not None:
+        lo, hi = r.samples_per_s_ci95
+        row.update(batch_size=r.config.batch_size, step_time_ms=r.step.median * 1e3,
+                   samples_per_s=r.samples_per_s, samples_per_s_ci_low=lo,
+                   samples_per_s_ci_high=hi, peak_mem_gib=r.peak_mem_gib,
+                   mfu_pct=_mfu(r) if mfu else nan)
+    if c is not None:
+        row.update(speedup=c.speedup, speedup_ci_low=c.ci95[0], speedup_ci_high=c.ci95[1],
+                   p_value=c.p_value)
+    return row
+
+
+class Ladder:
+    """The outcome of :func:`perflab.ladder.climb`.
+
+    Attributes:
+        baseline: the naive baseline's RunResult (measured in the first rung), or None
+            when no rung was measured.
+        rungs: the measured :class:`Rung` objects, in order.
+        best_config: the config with every kept fix.
+        skipped: rung name -> why it was not measured.
+        out_dir: where the RunResults were saved and the report goes (None: not saved).
+        order: the rung names as requested (skipped ones included).
+    """
+
+    def __init__(self, *, baseline: RunResult | None, rungs: Sequence[Rung], best_config,
+                 skipped: dict[str, str], out_dir: Path | None, order: Sequence[str]):
+        self.baseline, self.rungs, self.best_config = baseline, list(rungs), best_config
+        self.skipped, self.out_dir, self.order = dict(skipped), out_dir, list(order)
+        self._tables: dict[bool, pd.DataFrame] = {}
+
+    @property
+    def kept(self) -> list[str]:
+        """Rungs that were significantly faster and kept."""
+        return [r.name for r in self.rungs if r.kept]
+
+    @property
+    def dropped(self) -> list[str]:
+        """Rungs that were measured and did not help here (not significant, or slower)."""
+        return [r.name for r in self.rungs if not r.kept]
+
+    @property
+    def cumulative_speedup(self) -> float:
+        """Product of the kept rungs' speedups (each measured side by side, per sample)."""
+        return math.prod(r.comparison.speedup for r in self.rungs if r.kept)
+
+    def table_with(self, *, mfu: bool = True) -> pd.DataFrame:
+        """:attr:`table`; ``mfu=False`` skips counting FLOPs and the peak (faster)."""
+        if mfu not in self._tables:
+            rows = []
+            if self.baseline is not None:
+                rows.append(_row("baseline", "baseline", "naive", self.baseline, None, 1.0,
+                                 "baseline", mfu))
+            cum, by_name = 1.0, {r.name: r for r in self.rungs}
+            for name in self.order:
+                if name in self.skipped:
+                    rows.append(_row(name, "skipped", "", None, None, cum,
+                                     f"skipped: {self.skipped[name]}", mfu))
+                    continue
+                r = by_name[name]
+                c = r.comparison
+                cum *= c.speedup if r.kept else 1.0
+                word = "kept" if r.kept else "dropped"
+                verdict = (f"{word}: {c.speedup:.2f}x per sample (95 % CI {c.ci95[0]:.2f}-"
+                           f"{c.ci95[1]:.2f}x), p = {c.p_value:.3g}"
+                           + ("" if r.kept else "; did not help on this hardware"))
+                rows.append(_row(name, word, r.change, r.candidate, c, cum, verdict, mfu))
+            self._tables[mfu] = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
+        return self._tables[mfu].copy()
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per rung (baseline first, skipped rungs included); columns
+        :data:`TABLE_COLUMNS`. ``speedup`` is candidate vs the best so far, per sample;
+        ``cumulative_speedup`` the product of kept speedups up to that row; ``mfu_pct``
+        from :func:`perflab.flops.utilization` (NaN = peak unavailable)."""
+        return self.table_with(mfu=True)
+
+    def __repr__(self) -> str:
+        return (f"Ladder({len(self.rungs)} rungs measured: kept {self.kept}, dropped "
+                f"{self.dropped}, skipped {sorted(self.skipped)}; cumulative speedup "
+                f"{self.cumulative_speedup:.2f}x)")
+
+    # -- plots ------------------------------------------------------------------------
+    def plot_waterfall(self) -> Figure:
+        """Cumulative speedup, rung by rung: a kept rung is a green step up from the
+        previous level, a dropped one a grey bar of what it would have given (not
+        carried on); the last bar is the total. Speedups are per sample."""
+        fig = _InlineFigure(figsize=(8.0, 4.0), layout="constrained")
+        ax = fig.add_subplot()
+        level, names = 1.0, []
+        for i, r in enumerate(self.rungs):
+            s = r.comparison.speedup
+            top = level * s
+            ax.bar(i, top - level, bottom=level, color=_KEPT if r.kept else _DROPPED,
+                   hatch=None if r.kept else "//", edgecolor="black", linewidth=0.5)
+            ax.annotate(f"{s:.2f}x\np={r.comparison.p_value:.2g}", (i, max(top, level)),
+                        xytext=(0, 3), textcoords="offset points", ha="center",
+                        fontsize="small")
+            level = top if r.kept else level
+            names.append(r.name)
+        n = len(self.rungs)
+        ax.bar(n, level - 1.0, bottom=1.0, color="#0072B2", edgecolor="black", linewidth=0.5)
+        ax.annotate(f"{level:.2f}x", (n, level), xytext=(0, 3), textcoords="offset points",
+                    ha="center", fontweight="bold")
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi + 0.12 * (hi - lo))  # room for the labels above the bars
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(n + 1), names + ["total"])
+        ax.set_ylabel("cumulative speedup over the baseline (x)")
+        ax.set_title("optimization ladder: green kept, hatched grey dropped (not "
+                     "significant or slower)", fontsize="medium")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+        return fig
+
+    def plot_phases(self) -> Figure:
+        """Phase breakdown (data, forward, backward, optimizer) of the baseline and every
+        rung's candidate, per step (:func:`perflab.plots.plot_phases`)."""
+        results = ([self.baseline] if self.baseline is not None else []) + [
+            r.candidate for r in self.rungs]
+        shown = [dataclasses.replace(r, config=r.config.replace(
+            label=f"{r.config.label} (bs {r.config.batch_size})")) for r in results]
+        return plot_phases(shown)
+
+    # -- report -----------------------------------------------------------------------
+    def write_report(self, out_dir: str | Path | None = None) -> Path:
+        """Write ``report.md``, ``table.csv``, ``waterfall.png`` and ``phases.png``.
+
+        Args:
+            out_dir: the folder; None -> :attr:`out_dir`.
+
+        Returns:
+            The path of report.md.
+
+        Raises:
+            ValueError: no folder given and the ladder was not saved.
+        """
+        from perflab.env import env_summary
+
+        out = Path(out_dir) if out_dir else self.out_dir
+        if out is None:
+            raise ValueError("this ladder was climbed with save=False; pass "
+                             "write_report(out_dir=...)")
+        out.mkdir(parents=True, exist_ok=True)
+        table = self.table
+        table.to_csv(out / "table.csv", index=False)
+        (out / "waterfall.png").write_bytes(figure_to_png(self.plot_waterfall()))
+        if self.baseline is not None:
+            (out / "phases.png").write_bytes(figure_to_png(self.plot_phases()))
+        device = self.baseline.config.device if self.baseline else "auto"
+        lines = ["# Optimization ladder", "",
+                 f"Cumulative speedup: **{self.cumulative_speedup:.2f}x** per sample "
+                 f"(product of the kept rungs' side-by-side speedups).", "",
+                 f"Kept: {', '.join(self.kept) or 'none'}. Best config: "
+                 f"`{self.best_config.display_label()}`.", ""]
+        for r in self.rungs:
+            if not r.kept:
+                c = r.comparison
+                lines.append(f"- **{r.name}** did not help here: {c.speedup:.2f}x per "
+                             f"sample (95 % CI {c.ci95[0]:.2f}-{c.ci95[1]:.2f}x, "
+                             f"p = {c.p_value:.3g}).")
+        lines += [f"- **{k}** skipped: {v}." for k, v in self.skipped.items()]
+        lines += ["", "## Table", "", _markdown(table), "",
+                  "![cumulative speedup](waterfall.png)", ""]
+        if self.baseline is not None:
+            lines += ["![phases per rung](phases.png)", ""]
+        lines += ["## Environment", "", "```", str(env_summary(device)), "```", ""]
+        path = out / "report.md"
+        path.write_text("\n".join(lines))
+        return path
+
+
+def _markdown(df: pd.DataFrame) -> str:
+    """A GitHub Markdown table. Written here because ``DataFrame.to_markdown`` needs
+    the optional ``tabulate`` package, which perflab does not depend on."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "–" if math.isnan(v) else f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v).replace("|", "/")
+    rows = [" | ".join(df.columns), " | ".join("---" for _ in df.columns)]
+    rows += [" | ".join(cell(v) for v in rec) for rec in df.itertuples(index=False)]
+    return "\n".join(f"| {r} |" for r in rows)
+
+
+def ladder_panel(config=None, *, size: str = "tiny", rungs: Sequence[str] | None = None,
+                 rounds: int = 1, progress: bool = True, title: str | None = None):
+    """The Lab 08 panel: a checkbox per rung, a Run button (class ``perflab-run``) in a
+    ``.perflab-panel``; Run climbs the ticked rungs and shows the waterfall as an
+    ``img.perflab-plot`` with the table below. Errors show in the panel.
+
+    Args:
+        config, size, rounds, progress: as :func:`perflab.ladder.climb`.
+        rungs: the rungs ticked at first (default all of ``RUNGS``).
+        title: heading (default "Optimization ladder").
+
+    Returns:
+        A ``LadderPanel`` (displays itself; ``.run()`` does what the button does,
+        ``.ladder`` is the last climb).
+
+    Raises:
+        ValueError: as :func:`perflab.ladder.climb`, before any widget is built.
+    """
+    from perflab.ladder import RUNGS, _validate, naive_config
+
+    rungs = list(RUNGS if rungs is None else rungs)
+    _validate(rungs, (), rounds, 0.05)
+    config = naive_config(size) if config is None else config
+    return _LadderPanel(config, rungs, rounds, progress, title or "Optimization ladder")
+
+
+class _LadderPanel:
+    """See :func:`ladder_panel` (ipywidgets; its own class because the ladder shows a
+    waterfall of several rungs, not experiment_panel's before/after pair)."""
+
+    def __init__(self, config, rungs: list[str], rounds: int, progress: bool, title: str):
+        import ipywidgets as W
+        from perflab.ladder import RUNGS
+
+        self.config, self.rounds, self.progress = config, rounds, progress
+        self.ladder: Ladder | None = None
+        self.boxes = {r: W.Checkbox(value=r in rungs, description=r, indent=False)
+                      for r in RUNGS}
+        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
+        self.run_button.add_class("perflab-run")
+        self.run_button.on_click(lambda _b: self.run())
+        self.status, self.error, self.table = W.HTML("ready"), W.HTML(""), W.HTML("")
+        self.log = W.Output()
+        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
+        self.image.add_class("perflab-plot")
+        head = W.HTML(f"<h4>{html.escape(title)}</h4><p>Baseline "
+                      f"<code>{html.escape(config.display_label())}</code>; tick the "
+                      "rungs and press <b>Run</b> to climb them on this machine.</p>")
+        self.widget = W.VBox([head, W.HBox(list(self.boxes.values())), self.run_button,
+                              self.status, self.error, self.log, self.image, self.table])
+        self.widget.add_class("perflab-panel")
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def run(self, *, raise_errors: bool = False) -> Ladder | None:
+        """Climb the ticked rungs; returns the Ladder (None if it failed)."""
+        from perflab.ladder import climb
+
+        self.run_button.disabled, self.error.value = True, ""
+        self.status.value = "climbing ..."
+        try:
+            ticked = [r for r, box in self.boxes.items() if box.value]
+            with self.log:
+                self.ladder = climb(self.config, rungs=ticked, rounds=self.rounds,
+                                    progress=self.progress)
+            self.image.value = figure_to_png(self.ladder.plot_waterfall())
+            cols = ["rung", "status", "step_time_ms", "samples_per_s", "speedup",
+                    "p_value", "cumulative_speedup", "mfu_pct"]
+            self.table.value = self.ladder.table[cols].to_html(
+                index=False, float_format=lambda v: f"{v:,.3g}", na_rep="–", border=0)
+            self.status.value = html.escape(repr(self.ladder))
+            return self.ladder
+        except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
+            self.error.value = (f'<div style="color:#b00020;font-weight:bold">'
+                                f"{html.escape(f'{type(e).__name__}: {e}')}</div>")
+            self.status.value = "the climb failed; the panel is still usable"
+            if raise_errors:
+                raise
+            return None
+        finally:
+            self.run_button.disabled = False

@@ -1,0 +1,208 @@
+"""perflab.distributed: the launcher (and its fault handling), the DDP worker, the CLI.
+
+Ranks are real gloo processes started by the elastic launcher. Fault tests count this
+process's rank children (psutil) before and after: none may be left behind.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from perflab.config import RunConfig
+from perflab.distributed import (LaunchTimeoutError, RankFailedError, launch, launch_fn)
+from perflab.distributed import faults
+from perflab.distributed.__main__ import main, parse_straggler
+from perflab.distributed.ddp import check_ddp_config
+from perflab.distributed.launch import _innermost_frame
+from perflab.link import SimulatedLink
+from perflab.stragglers import Straggler
+from perflab.timing import Stopwatch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rank_children() -> set[int]:
+    """Processes under this one that are spawned ranks (not multiprocessing's tracker)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())}
+
+
+def _nested():
+    def local_fn():  # a function typed into a notebook cell is just as unimportable
+        return 1
+    return local_fn
+
+
+# -- launch_fn --------------------------------------------------------------------------
+def test_launch_fn_returns_by_rank_even_with_the_default_port_busy():
+    before = _rank_children()
+    with socket.socket() as s:  # torchrun's default port taken: must not matter
+        try:
+            s.bind(("127.0.0.1", 29500))
+            s.listen()
+        except OSError:
+            pass  # already busy on this machine: the same situation
+        out = launch_fn(faults.rank_and_sum, 2)
+    assert out == [(0, 2, 1.0), (1, 2, 1.0)]
+    assert _rank_children() == before
+
+
+def test_a_rank_that_raises_is_named_within_30_s_and_nothing_is_left():
+    before = _rank_children()
+    with Stopwatch() as sw:
+        with pytest.raises(RankFailedError) as info:
+            launch_fn(faults.raise_on_rank, 2, args=(1, "boom at step 3"))
+    assert sw.elapsed_s < 30
+    msg = str(info.value)
+    assert msg.startswith("rank 1 raised ZeroDivisionError: boom at step 3"), msg
+    assert info.value.rank == 1
+    assert _rank_children() == before
+
+
+def test_a_hung_rank_is_stopped_by_the_timeout_and_every_rank_reaped():
+    before = _rank_children()
+    with Stopwatch() as sw:
+        with pytest.raises(LaunchTimeoutError) as info:
+            launch_fn(faults.hang_on_rank, 2, args=(0,), timeout_s=3)
+    assert sw.elapsed_s < 30
+    assert "timeout_s=3" in str(info.value)
+    assert "hang_on_rank" in str(info.value)  # the hung rank's stack is in the message
+    assert 0 in info.value.ranks
+    assert _rank_children() == before
+
+
+def test_innermost_frame_reads_the_main_thread_of_a_dump():
+    dump = ('TimeoutError: rank 0 ...\nCurrent thread 0x1 (most recent call first):\n'
+            '  File "launch.py", line 94 in fire\n\nThread 0x2 (most recent call first):\n'
+            '  File "faults.py", line 36 in hang_on_rank\n  File "x.py", line 1 in f\n')
+    assert _innermost_frame(dump) == 'File "faults.py", line 36 in hang_on_rank'
+    assert _innermost_frame("no frames") == "(no stack)"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(fn=_nested(), world_size=2), "module-level function"),
+    (dict(fn=lambda: 1, world_size=2), "module-level function"),
+    (dict(fn=faults.rank_and_sum, world_size=0), "world_size must be an int >= 1"),
+    (dict(fn=faults.rank_and_sum, world_size=2, timeout_s=0), "timeout_s must be > 0"),
+    (dict(fn=faults.rank_and_sum, world_size=2, threads_per_rank=0), "threads_per_rank"),
+    (dict(fn=faults.rank_and_sum, world_size=2, backend="mpi"), "backend must be"),
+    (dict(fn=faults.rank_and_sum, world_size=64, backend="nccl"), "one GPU per rank"),
+])
+def test_launch_fn_rejects_bad_arguments_before_starting(kwargs, match):
+    before = _rank_children()
+    with pytest.raises(ValueError, match=match):
+        launch_fn(**kwargs)
+    assert _rank_children() == before
+
+
+# -- the DDP worker ---------------------------------------------------------------------
+def _tiny(**kw) -> RunConfig:
+    base = dict(model="tiny", image_size=32, batch_size=4, steps=4, warmup_steps=2,
+                world_size=2, compute_only=True)
+    return RunConfig(**{**base, **kw})
+
+
+def test_launch_trains_every_rank_and_measures_what_the_labs_read(tiny_dataset, tmp_path):
+    config = _tiny(dataset=tiny_dataset, straggler=Straggler(rank=1, delay_s=0.02))
+    results = launch(config, results_dir=str(tmp_path), progress=False, timeout_s=120)
+    assert [r.rank for r in results] == [0, 1]
+    for r in results:
+        assert {"data", "forward", "backward", "optimizer", "other", "step", "compute",
+                "comm"} <= set(r.phases)
+        assert r.phases["step"].n == r.phases["compute"].n == r.phases["comm"].n == 4
+        assert len(r.losses) == 6 and all(math.isfinite(v) for v in r.losses)
+        assert Path(r.path).name.endswith(f"-rank{r.rank}.json")
+        b = r.extra["buckets"]
+        assert b and [x["index"] for x in b] == list(range(len(b)))
+        assert sum(x["nbytes"] for x in b) == r.extra["gradient_bytes"]
+        ps = r.extra["per_step"]
+        assert {len(v) for v in ps.values()} == {4}
+        for c, w, s in zip(ps["compute_s"], ps["wait_s"], ps["step_s"]):
+            assert c > 0 and w >= 0 and c + w == pytest.approx(s)
+        assert [len(v) for v in r.extra["all_ranks_compute_s"]] == [4, 4]
+        assert r.extra["straggler"] == "straggler rank 1 +20 ms before_forward"
+        assert r.extra["launch_overhead_s"] > 0
+    assert [r.extra["delay_s"] for r in results] == [0.0, 0.02]
+    assert results[0].extra["data_seed"] != results[1].extra["data_seed"]
+    # DDP kept the replicas identical: same parameters on both ranks at the end
+    assert results[0].extra["param_checksum"] == pytest.approx(
+        results[1].extra["param_checksum"], rel=1e-6)
+    # the delayed rank computes slower; the other waits for it in the allreduce
+    c0, c1 = (sorted(r.extra["per_step"]["compute_s"])[1] for r in results)
+    w0, w1 = (sorted(r.extra["per_step"]["wait_s"])[1] for r in results)
+    assert c1 > c0 + 0.01 and w0 > w1 + 0.01
+    assert results[0].extra["all_ranks_compute_s"] == results[1].extra["all_ranks_compute_s"]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(comm_hook="fp16", accumulation_steps=2, gradient_as_bucket_view=True,
+         link=SimulatedLink.preset("1gbe"), bucket_cap_mb=0.001),
+    dict(comm_hook="powersgd"),
+])
+def test_hooks_links_and_accumulation_run_and_keep_replicas_equal(tiny_dataset, kw):
+    results = launch(_tiny(dataset=tiny_dataset, **kw), save=False, progress=False,
+                     timeout_s=120)
+    assert results[0].extra["param_checksum"] == pytest.approx(
+        results[1].extra["param_checksum"], rel=1e-5)
+    assert results[0].extra["per_step"] is None
+    if kw.get("link"):
+        assert results[0].extra["link"].startswith("simulated link 1gbe")
+        assert results[0].phases["comm"].median > 0
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(straggler=Straggler(rank=1, delay_s=0.1), link=SimulatedLink.preset("1gbe")),
+     "set link=None"),
+    (dict(straggler=Straggler(rank=1, delay_s=0.1), comm_hook="powersgd"),
+     "not supported"),
+    (dict(straggler=Straggler(rank=1, delay_frac=0.2), warmup_steps=1), "warmup_steps >= 2"),
+])
+def test_launch_rejects_unsupported_combinations_before_starting(kw, match):
+    with pytest.raises(ValueError, match=match):
+        launch(_tiny(**kw), save=False)
+    with pytest.raises(ValueError, match="backend must be"):
+        check_ddp_config(_tiny(), "mpi")
+
+
+def test_launch_world_size_argument_overrides_the_config():
+    with pytest.raises(ValueError, match="straggler.rank=1 but world_size=1"):
+        launch(_tiny(straggler=Straggler(rank=1, delay_s=0.1)), world_size=1)
+
+
+# -- the command line -------------------------------------------------------------------
+def test_parse_straggler():
+    assert parse_straggler("1:0.05") == Straggler(rank=1, delay_s=0.05)
+    assert parse_straggler("0:0.1:data").where == "data"
+    for bad in ("1", "x:0.1", "1:0.1:data:extra"):
+        with pytest.raises(ValueError, match="RANK:DELAY_S"):
+            parse_straggler(bad)
+
+
+def test_cli_rejects_a_world_size_torchrun_did_not_start(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["--model", "tiny", "--world-size", "1"]) == 2
+    assert "pass --world-size 2" in capsys.readouterr().err
+    assert main(["--model", "tiny", "--straggler", "oops"]) == 2
+
+
+@pytest.mark.slow
+def test_the_same_worker_runs_under_torchrun(tiny_dataset):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "-m",
+           "perflab.distributed", "--preset", "quick", "--model", "tiny", "--steps", "3",
+           "--warmup-steps", "2", "--image-size", "32", "--batch-size", "4",
+           "--world-size", "2", "--straggler", "1:0.01", "--dataset", tiny_dataset,
+           "--no-save", "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 ranks, backend gloo" in out.stdout
+    assert "compute_ms" in out.stdout

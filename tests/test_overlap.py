@@ -1,0 +1,114 @@
+"""Overlap efficiency: the formula, both ideals, tables and plots from recorded runs."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from perflab.config import RunConfig
+from perflab.env import env_summary
+from perflab.link import SimulatedLink
+from perflab.measurement import Measurement
+from perflab.memory import PeakMemory
+from perflab.overlap import (ideal_step_s, launch_sweep, overlap_efficiency,
+                             overlap_metrics, overlap_table, plot_overlap, run_ddp)
+from perflab.result import RunResult
+
+
+def test_overlap_efficiency_limits():
+    # compute 1.0, comm 0.5: nothing hidden -> 0; the ideal reached -> 1
+    assert overlap_efficiency(1.0, 0.5, 1.5, 1.0) == pytest.approx(0.0)
+    assert overlap_efficiency(1.0, 0.5, 1.0, 1.0) == pytest.approx(1.0)
+    assert overlap_efficiency(1.0, 0.5, 1.25, 1.0) == pytest.approx(0.5)
+    assert overlap_efficiency(1.0, 0.5, 2.0, 1.0) == pytest.approx(-1.0)  # contention
+
+
+def test_two_ideals():
+    assert ideal_step_s(1.0, 0.5) == 1.0                    # textbook max(compute, comm)
+    assert ideal_step_s(1.0, 0.5, forward_s=0.3) == 1.0     # forward + comm < compute
+    assert ideal_step_s(1.0, 0.9, forward_s=0.3) == pytest.approx(1.2)  # DDP bound
+    # the same step is more efficient against the (reachable) DDP bound
+    tb = overlap_efficiency(1.0, 0.9, 1.3, ideal_step_s(1.0, 0.9))
+    ddp = overlap_efficiency(1.0, 0.9, 1.3, ideal_step_s(1.0, 0.9, 0.3))
+    assert tb == pytest.approx(0.6 / 0.9) and ddp == pytest.approx(0.6 / 0.7) and ddp > tb
+
+
+@pytest.mark.parametrize("args, match", [
+    ((0.0, 0.5, 1.0, 0.5), "compute_s"),
+    ((1.0, -0.5, 1.0, 1.0), "comm_s"),
+    ((1.0, 0.5, 0.0, 1.0), "step_s"),
+    ((1.0, 0.5, 1.2, 1.5), "no overlap is possible"),
+])
+def test_overlap_efficiency_rejects_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        overlap_efficiency(*args)
+
+
+def test_ideal_rejects_negative_times():
+    with pytest.raises(ValueError, match="forward_s"):
+        ideal_step_s(1.0, 1.0, forward_s=-1.0)
+
+
+def fake_result(step_s=0.6, compute_s=0.45, comm_s=0.36, forward_s=0.13, bucket_cap_mb=1.0,
+                link=SimulatedLink.preset("1gbe"), rank=0, phases=None):
+    config = RunConfig(world_size=2, bucket_cap_mb=bucket_cap_mb, link=link, steps=3)
+    times = {"step": step_s, "compute": compute_s, "comm": comm_s, "forward": forward_s}
+    if phases is not None:
+        times = {k: v for k, v in times.items() if k in phases}
+    return RunResult(
+        config=config,
+        phases={k: Measurement(label=k, times_s=(v * 0.99, v, v * 1.01))
+                for k, v in times.items()},
+        losses=(1.0,), peak_memory=PeakMemory(peak_bytes=0, kind="test"),
+        env=env_summary("cpu").to_dict(), num_classes=2, wall_s=1.0, rank=rank,
+        extra={"buckets": [{"index": 0, "nbytes": 2 ** 20, "num_params": 3},
+                           {"index": 1, "nbytes": 2 ** 19, "num_params": 2}]})
+
+
+def test_metrics_from_a_recorded_run():
+    m = overlap_metrics(fake_result())
+    assert m["exposed_comm_s"] == pytest.approx(0.15)
+    assert m["ideal_ddp_s"] == pytest.approx(0.49)
+    assert m["overlap_eff_ddp"] == pytest.approx((0.81 - 0.6) / (0.81 - 0.49))
+    assert m["overlap_eff_textbook"] == pytest.approx((0.81 - 0.6) / (0.81 - 0.45))
+    assert (m["buckets"], m["bucket_mb"]) == (2, [1.0, 0.5])
+    assert "simulated link 1gbe" in m["link"]
+
+
+def test_metrics_need_the_ddp_phases():
+    with pytest.raises(ValueError, match="comm"):
+        overlap_metrics(fake_result(phases=("step", "compute", "forward")))
+
+
+def test_table_and_plot_name_the_link():
+    runs = [[fake_result(bucket_cap_mb=b, rank=r) for r in (0, 1)] for b in (1.0, 25.0)]
+    runs.append(fake_result(bucket_cap_mb=5.0, forward_s=0.5))  # forward >= compute
+    t = overlap_table(runs)
+    assert len(t) == 5 and list(t.bucket_cap_mb.unique()) == [1.0, 25.0, 5.0]
+    assert t.step_ms.iloc[0] == pytest.approx(600.0)
+    assert math.isnan(t.overlap_eff_ddp.iloc[-1])  # DDP bound >= compute + comm: undefined
+    assert not math.isnan(t.overlap_eff_textbook.iloc[-1])
+    assert "simulated link 1gbe: alpha=50 us" in t.attrs["title"]
+    fig = plot_overlap(t)
+    assert "simulated link 1gbe" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="column"):
+        plot_overlap(t, x="nope")
+
+
+def test_table_rejects_no_runs():
+    with pytest.raises(ValueError, match="at least one"):
+        overlap_table([])
+
+
+@pytest.mark.parametrize("configs, match", [
+    ([], "non-empty"),
+    ([RunConfig(world_size=2), RunConfig(world_size=3)], "same world_size"),
+])
+def test_launch_sweep_rejects_bad_configs(configs, match):
+    with pytest.raises(ValueError, match=match):
+        launch_sweep(configs)
+
+
+def test_run_ddp_needs_two_ranks():
+    with pytest.raises(ValueError, match="world_size >= 2"):
+        run_ddp(RunConfig())
