@@ -103,20 +103,19 @@ def timed_allreduce_buckets(bucket_nbytes: Sequence[int], *, link: SimulatedLink
 
 
 def sweep_on_rank(sizes_bytes: Sequence[int], repeats: int, warmup: int,
-                  link: SimulatedLink | None) -> list[list[float]]:
+                  links: Sequence[SimulatedLink | None]) -> list[list[list[float]]]:
     """Rank body of :func:`allreduce_sweep` (module level so spawned ranks import it).
 
-    Returns ``times_s[size_index][repeat]``: seconds of one synchronised allreduce.
+    Returns ``times_s[link_index][size_index][repeat]``: seconds of one synchronised
+    allreduce.
     """
-    out = []
-    for n in sizes_bytes:
-        times = [timed_allreduce_buckets([n], link=link) for _ in range(warmup + repeats)]
-        out.append(times[warmup:])
-    return out
+    return [[[timed_allreduce_buckets([n], link=link) for _ in range(warmup + repeats)
+              ][warmup:] for n in sizes_bytes] for link in links]
 
 
 def allreduce_sweep(sizes_bytes: Sequence[int] = SWEEP_SIZES_BYTES, *, world_size: int = 2,
-                    repeats: int = 5, warmup: int = 1, link: SimulatedLink | None = None,
+                    repeats: int = 5, warmup: int = 1,
+                    link: SimulatedLink | None | Sequence[SimulatedLink | None] = None,
                     timeout_s: float = 300) -> pd.DataFrame:
     """Allreduce time per message size on ``world_size`` local ranks (one launch).
 
@@ -128,15 +127,17 @@ def allreduce_sweep(sizes_bytes: Sequence[int] = SWEEP_SIZES_BYTES, *, world_siz
         sizes_bytes: message sizes in bytes (fp32 tensors of n/4 elements), each >= 4.
         world_size: ranks (>= 2), one thread each.
         repeats: timed repeats per size (>= 1); warmup: untimed ones before (>= 0).
-        link: the simulated link, or None for the real backend (gloo on CPU).
+        link: the simulated link, None for the real backend (gloo on CPU), or a list of
+            them: each is swept in turn in the same launch (one process start-up).
         timeout_s: launch timeout.
 
     Returns:
-        DataFrame, one row per size: ``size_bytes, time_s (median), time_min_s,
-        time_max_s, algbw_GBps, busbw_GBps, world_size, link``.
+        DataFrame, one row per (link, size): ``link, size_bytes, time_s (median),
+        time_min_s, time_max_s, algbw_GBps, busbw_GBps, world_size``; ``link`` is the
+        link's ``describe()`` text or "real gloo loopback".
 
     Raises:
-        ValueError: bad sizes / repeats / warmup / world_size (before any launch).
+        ValueError: bad sizes / repeats / warmup / world_size / link (before any launch).
     """
     from perflab.distributed import launch_fn
 
@@ -149,18 +150,22 @@ def allreduce_sweep(sizes_bytes: Sequence[int] = SWEEP_SIZES_BYTES, *, world_siz
                          f"got {world_size!r}")
     if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
-    per_rank = launch_fn(sweep_on_rank, world_size, args=(sizes, repeats, warmup, link),
+    links = list(link) if isinstance(link, (list, tuple)) else [link]
+    if any(lk is not None and not isinstance(lk, SimulatedLink) for lk in links):
+        raise ValueError(f"link must be None, a SimulatedLink or a list of them, got {link!r}")
+    per_rank = launch_fn(sweep_on_rank, world_size, args=(sizes, repeats, warmup, links),
                          device="cpu", timeout_s=timeout_s)
     rows = []
-    for i, n in enumerate(sizes):
-        mean = np.mean([per_rank[r][i] for r in range(world_size)], axis=0)  # (repeats,)
-        t = float(np.median(mean))
-        rows.append({"size_bytes": n, "time_s": t, "time_min_s": float(mean.min()),
-                     "time_max_s": float(mean.max()),
-                     "algbw_GBps": algbw_bytes_per_s(n, t) / 1e9,
-                     "busbw_GBps": busbw_bytes_per_s(n, t, world_size) / 1e9,
-                     "world_size": world_size,
-                     "link": link.describe() if link else "real gloo loopback"})
+    for j, lk in enumerate(links):
+        for i, n in enumerate(sizes):
+            mean = np.mean([per_rank[r][j][i] for r in range(world_size)], axis=0)  # (repeats,)
+            t = float(np.median(mean))
+            rows.append({"link": lk.describe() if lk else "real gloo loopback",
+                         "size_bytes": n, "time_s": t, "time_min_s": float(mean.min()),
+                         "time_max_s": float(mean.max()),
+                         "algbw_GBps": algbw_bytes_per_s(n, t) / 1e9,
+                         "busbw_GBps": busbw_bytes_per_s(n, t, world_size) / 1e9,
+                         "world_size": world_size})
     return pd.DataFrame(rows)
 
 

@@ -21,9 +21,10 @@ HolisticTraceAnalysis (HTA, github.com/facebookresearch/HolisticTraceAnalysis,
 ``hta/common/trace.py``, ``trace_parser.py``, ``trace_filter.py``) does, so that
 :mod:`perflab.trace_analysis` (re-exported here) gets HTA's numbers:
 
-* events with a duration and a category, except category ``Trace``; when the trace's
+* events with a duration and a category, except category ``Trace``; when a GPU trace's
   timestamps are floats (nanosecond-resolution Kineto), each event is rounded inwards to
-  whole microseconds (start up, end down; pytorch/pytorch#122425);
+  whole microseconds (start up, end down; pytorch/pytorch#122425). CPU-only traces,
+  which HTA does not analyse, keep their times as written;
 * a *device event* has ``args.stream >= 0`` and ``args.correlation >= 0`` (or is named
   ``Event Sync`` / ``Context Sync``); every other event is a host (CPU) event;
 * with two or more ``ProfilerStep#N`` ranges, the last profiled step is dropped: host
@@ -182,10 +183,12 @@ def phase_times(trace: TraceLike) -> pd.DataFrame:
     return out[list(PHASE_COLUMNS)]
 
 
+# HTA's event classes (hta/common/types.py, trace_filter.py).
 _STEP = re.compile(r"^ProfilerStep#(\d+)")
 _KERNEL_CATS = {"kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy",
                 "mtia_ccp_events"}
 _SYNC_NAMES = {"Event Sync", "Context Sync"}
+
 
 @dataclass(frozen=True, eq=False)
 class RankTrace:
@@ -241,13 +244,13 @@ def _prepare(trace: Mapping[str, Any], rank: int, path: str | None) -> RankTrace
     df = df.astype({"ts": "float64", "dur": "float64", "stream": "int64",
                     "correlation": "int64"})
     df["end"] = df["ts"] + df["dur"]
-    if float_ts:  # HTA rounds ns-resolution traces inwards to whole microseconds
-        df["ts"], df["end"] = np.ceil(df["ts"]), np.floor(df["end"])
     df["on_device"] = (((df["stream"] >= 0) & (df["correlation"] >= 0))
                        | df["name"].isin(_SYNC_NAMES))
     df["kernel"] = df["cat"].isin(_KERNEL_CATS)  # kernel, memcpy, memset
     df["step"] = df["name"].str.match(_STEP)     # ProfilerStep#N ranges
     on_gpu = bool((df["on_device"] & df["kernel"]).any())
+    if float_ts and on_gpu:  # as HTA: ns-resolution GPU traces, inwards to whole us
+        df["ts"], df["end"] = np.ceil(df["ts"]), np.floor(df["end"])
     is_step = df["step"]
     host = ~df["on_device"]
     if df.loc[is_step, "name"].nunique() >= 2 and host.any():
@@ -302,8 +305,8 @@ def load_ranks(source: TraceLike | Iterable[TraceLike] | Mapping[int, TraceLike]
             source = files
         single = isinstance(source, (str, os.PathLike, Mapping))
         items = [(None, s) for s in ([source] if single else list(source))]
-        if not items:
-            raise ValueError("load_ranks needs at least one trace; got an empty list")
+    if not items:
+        raise ValueError("load_ranks needs at least one trace; got an empty list or dict")
     # Parsing a trace allocates ~10^5 objects at once; the cyclic garbage collector then
     # rescans the whole heap (torch's included) several times, which costs 5-10x the
     # parse itself. None of these objects form cycles, so it is paused while reading.

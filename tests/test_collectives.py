@@ -87,6 +87,7 @@ def test_timed_allreduce_queues_buckets_on_the_link(one_rank_group):
     (dict(sizes_bytes=[2]), "sizes_bytes"),
     (dict(world_size=1), "world_size"),
     (dict(repeats=0), "repeats"),
+    (dict(link=["1gbe"]), "link"),
 ])
 def test_sweep_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -97,12 +98,15 @@ def test_two_rank_sweep_on_the_simulated_link_recovers_alpha_beta():
     # alpha well above this machine's floor (a loopback allreduce plus a sleep's wake-up
     # take ~0.2-0.6 ms on 2 busy cores), so the floor cannot hide inside alpha
     link = SimulatedLink(name="slow", alpha_s=10e-3, beta_bytes_per_s=100e6)
-    sweep = allreduce_sweep([1024, 262144, 1 << 20, 4 << 20], world_size=2, repeats=5,
-                            link=link, timeout_s=120)
+    both = allreduce_sweep([1024, 262144, 1 << 20, 4 << 20], world_size=2, repeats=5,
+                           link=[None, link], timeout_s=120)
+    assert list(both["link"].unique()) == ["real gloo loopback", link.describe()]
+    sweep = both[both["link"] == link.describe()]
+    real = both[both["link"] == "real gloo loopback"]
+    assert (sweep["time_s"].to_numpy() > real["time_s"].to_numpy()).all()  # link is slower
     fit = fit_alpha_beta(sweep["size_bytes"], sweep["time_s"], world_size=2)
     assert fit.alpha_s == pytest.approx(link.alpha_s, rel=0.1), fit
     assert fit.busbw_bytes_per_s == pytest.approx(link.beta_bytes_per_s, rel=0.1), fit
-    assert list(sweep["link"].unique()) == [link.describe()]
     assert (sweep["busbw_GBps"] == sweep["algbw_GBps"]).all()  # p = 2
     fig = plot_alpha_beta(sweep, fit)
     assert link.describe() in fig.axes[0].get_title()

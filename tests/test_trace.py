@@ -154,16 +154,20 @@ def test_real_gpu_trace_fixture():
     assert json.dumps(trace["traceEvents"][0])  # plain JSON values
 
 
-def test_load_ranks_rounds_ns_traces_inwards_as_hta():
+def test_load_ranks_rounds_ns_gpu_traces_inwards_as_hta():
     from perflab.trace import load_ranks
 
     def events(ts, dur):
-        return {"traceEvents": [_ev("aten::mm", "cpu_op", dur, ts=ts)]}
+        kernel = {**_ev("gemm", "kernel", dur, ts=ts), "args": {"stream": 7,
+                                                              "correlation": 1}}
+        return {"traceEvents": [kernel]}
 
     ev = load_ranks(events(1.2, 3.5))[0].events  # float timestamps: ns-resolution trace
     assert (ev.loc[0, "ts"], ev.loc[0, "end"]) == (2.0, 4.0)
     ev = load_ranks(events(1, 3.5))[0].events  # integer timestamps: kept as written
     assert (ev.loc[0, "ts"], ev.loc[0, "end"]) == (1.0, 4.5)
+    cpu = load_ranks({"traceEvents": [_ev("aten::mm", "cpu_op", 3.5, ts=1.2)]})[0]
+    assert (cpu.events.loc[0, "ts"], cpu.events.loc[0, "end"]) == (1.2, 4.7)  # CPU: as is
 
 
 def test_load_ranks_drops_the_last_profiler_step_as_hta():

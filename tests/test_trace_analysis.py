@@ -294,9 +294,10 @@ def test_load_ranks_empty_folder(tmp_path):
         load_ranks(tmp_path)
 
 
-def test_load_ranks_empty_list():
+@pytest.mark.parametrize("empty", [[], {}])
+def test_load_ranks_empty_list(empty):
     with pytest.raises(ValueError, match="at least one trace"):
-        load_ranks([])
+        load_ranks(empty)
 
 
 def test_load_ranks_duplicate_rank(cpu_trace, tmp_path):

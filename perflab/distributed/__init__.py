@@ -7,7 +7,8 @@
 """
 from perflab.distributed.launch import (LaunchTimeoutError, RankFailedError,
                                         default_backend, launch_fn)
-from perflab.distributed.worker import ddp_worker, launch
+from perflab.distributed.runs import launch, launch_sweep
+from perflab.distributed.worker import ddp_worker
 
-__all__ = ["launch_fn", "launch", "ddp_worker", "RankFailedError", "LaunchTimeoutError",
+__all__ = ["launch_fn", "launch", "launch_sweep", "ddp_worker", "RankFailedError", "LaunchTimeoutError",
            "default_backend"]

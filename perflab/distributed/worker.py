@@ -1,4 +1,4 @@
-"""The per-rank DDP worker and ``launch(config)``: one RunResult per rank.
+"""The per-rank DDP worker: one RunResult per rank.
 
 Each rank (started by :func:`perflab.distributed.launch_fn`, or by ``torchrun`` through
 ``python -m perflab.distributed``) builds the same pieces as the single-process
@@ -54,11 +54,10 @@ from perflab.memory import read_peak, reset_peak
 from perflab.result import RunResult
 from perflab.timing import PhaseTimer, Stopwatch
 from perflab.train import AMP_DTYPES, build_training
-from perflab.distributed.ddp import (allreduce_by_bucket, bucket_params, check_ddp_config,
-                                     ddp_buckets, wrap_ddp)
-from perflab.distributed.launch import default_backend, launch_fn
+from perflab.distributed.ddp import (allreduce_by_bucket, bucket_params, ddp_buckets,
+                                     wrap_ddp)
 
-__all__ = ["ddp_worker", "rank_device", "launch"]
+__all__ = ["ddp_worker", "rank_device"]
 
 
 def rank_device(config: RunConfig) -> torch.device:
@@ -235,50 +234,3 @@ def ddp_worker(config: RunConfig, progress: bool = False) -> RunResult:
                      env=env, num_classes=len(loader.dataset.classes),
                      wall_s=wall.elapsed_s, rank=rank, extra=extra)
 
-
-def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float = 600,
-           progress: bool = True, save: bool = True, results_dir: str | None = None
-           ) -> list[RunResult]:
-    """Run ``config`` data-parallel on ``world_size`` local ranks; one RunResult per rank.
-
-    Starts the ranks with :func:`launch_fn` (elastic launcher; gloo with
-    ``config.threads or 1`` torch threads per rank on CPU, NCCL with one GPU per rank on
-    CUDA), runs :func:`ddp_worker` on each, and saves each rank's result like
-    :func:`perflab.train.run` does (``<label>-rank<r>.json``).
-
-    Args:
-        config: the experiment; ``config.world_size`` ranks unless ``world_size`` is
-            given (then ``config.replace(world_size=world_size)``).
-        world_size: ranks, >= 1, or None.
-        timeout_s: seconds after which ranks still running are stopped.
-        progress: a tqdm bar in rank 0 (shown where that process's stderr goes: the
-            terminal running Jupyter or torchrun).
-        save: write each rank's result as JSON.
-        results_dir: where to save (None -> :func:`perflab.result.default_results_dir`).
-
-    Returns:
-        ``[rank 0's RunResult, rank 1's, ...]``; ``extra["launch_overhead_s"]``: this
-        call's wall time minus the slowest rank's own wall time (process start-up,
-        rendezvous, teardown), seconds.
-
-    Raises:
-        ValueError: invalid config or settings (before any process starts).
-        RankFailedError, LaunchTimeoutError: see :func:`launch_fn`.
-    """
-    if world_size is not None:
-        config = config.replace(world_size=world_size)
-    if not isinstance(config, RunConfig):
-        raise ValueError(f"config must be a RunConfig, got {type(config).__name__}")
-    backend = default_backend(config.device)
-    check_ddp_config(config, backend)
-    config.resolved_device()  # raises for a device this machine does not have
-    wall = Stopwatch().start()
-    results = launch_fn(ddp_worker, config.world_size, args=(config, progress),
-                        backend=backend, device=config.device, timeout_s=timeout_s,
-                        threads_per_rank=config.threads or 1)
-    overhead = wall.elapsed_s - max(r.wall_s for r in results)
-    out = []
-    for r in results:
-        r.extra["launch_overhead_s"] = overhead
-        out.append(r.save(results_dir) if save else r)
-    return out
