@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rungs", default=None, help="comma-separated rungs in order "
                    "(default: data_loading,amp,channels_last,compile,larger_batch)")
     p.add_argument("--skip", default="", help="comma-separated rungs to leave out")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved A/B rounds per rung")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved A/B rounds per rung")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (0.05)")
     p.add_argument("--out", default=None, type=Path,
                    help="output folder (default: results/ladder/<UTC time>)")

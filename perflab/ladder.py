@@ -47,7 +47,7 @@ RUNGS = ("data_loading", "amp", "channels_last", "compile", "larger_batch")
 #: warmup_steps >= 1 everywhere: torch.compile compiles in the first step.
 SIZES: dict[str, dict] = {
     "tiny": dict(image_size=32, batch_size=8, steps=5, warmup_steps=1),
-    "quick": dict(image_size=64, batch_size=32, steps=10, warmup_steps=2),
+    "quick": dict(image_size=64, batch_size=32, steps=8, warmup_steps=2),
     "full": dict(image_size=224, batch_size=128, steps=30, warmup_steps=5),
 }
 #: The larger_batch rung tries batches up to this multiple of the current one.
@@ -179,7 +179,7 @@ def _validate(rungs: Sequence[str], skip: Sequence[str], rounds: int, alpha: flo
 
 
 def climb(config: RunConfig | None = None, *, size: str = "quick",
-          rungs: Sequence[str] = RUNGS, skip: Sequence[str] = (), rounds: int = 2,
+          rungs: Sequence[str] = RUNGS, skip: Sequence[str] = (), rounds: int = 3,
           alpha: float = 0.05, progress: bool = True, out_dir: str | Path | None = None,
           save: bool = True, run_fn: RunFn | None = None) -> Ladder:
     """Climb the ladder from ``config`` (default ``naive_config(size)``).
@@ -189,7 +189,8 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
         size: a key of :data:`SIZES` (used when ``config`` is None).
         rungs: the rungs to try, in order (names from :data:`RUNGS`, any order).
         skip: rungs to leave out (listed as skipped in the table).
-        rounds: interleaved A/B rounds per rung (>= 1; each round is a full run).
+        rounds: interleaved A/B rounds per rung (>= 1; each round is a full run, so
+            more, shorter rounds spread a burst of load from other programs over both).
         alpha: significance level of the keep decision, in (0, 1).
         progress: a tqdm bar over the rungs (and each run's step bar).
         out_dir: folder for the RunResult JSONs (``runs/``) and the report; None ->

@@ -225,23 +225,48 @@ def launch_sweep(configs: Sequence[RunConfig], *, timeout_s: float = 600,
     return [[per_rank[r][i] for r in range(len(per_rank))] for i in range(len(configs))]
 
 
-def bucket_panel(base: RunConfig, choices_mb: Sequence[float] = (1, 5, 25, 100)):
+def _seed(panel: Any, base: RunConfig, baseline_result: RunResult | None) -> Any:
+    if baseline_result is not None:
+        if not isinstance(baseline_result, RunResult) or baseline_result.config != base:
+            raise ValueError("baseline_result must be a RunResult measured with exactly "
+                             "`base` (e.g. rank 0 of launch_sweep([base, ...])); got one for "
+                             f"{getattr(baseline_result, 'label', baseline_result)!r}")
+        panel.baseline_result = baseline_result  # a click then launches the variant only
+    return panel
+
+
+def bucket_panel(base: RunConfig, choices_mb: Sequence[float] = (1, 5, 25, 100), *,
+                 baseline_result: RunResult | None = None):
     """Experiment panel: DDP step of ``base`` vs the same with another ``bucket_cap_mb``
-    (2 ranks launched per run; :func:`perflab.widgets.experiment_panel`)."""
+    (:func:`perflab.widgets.experiment_panel`; each run launches ``base.world_size``
+    ranks). ``baseline_result``: ``base`` already measured (rank 0), so a click costs
+    one launch instead of two.
+
+    Raises:
+        ValueError: ``baseline_result`` was not measured with ``base``; bad knobs.
+    """
     from perflab.widgets import experiment_panel
 
-    return experiment_panel(base, {"bucket_cap_mb": list(choices_mb)}, run_fn=run_ddp,
-                            progress=False, title=f"Bucket size ({base.display_label()})")
+    choices = sorted({float(c) for c in choices_mb} | {float(base.bucket_cap_mb)})
+    panel = experiment_panel(base, {"bucket_cap_mb": choices}, run_fn=run_ddp,
+                             progress=False, title=f"Bucket size ({base.display_label()})")
+    return _seed(panel, base, baseline_result)
 
 
-def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1gbe")):
+def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1gbe"), *,
+               baseline_result: RunResult | None = None):
     """Experiment panel: DDP step of ``base`` vs the same on another simulated link preset
-    (:data:`perflab.link.LINK_PRESETS`)."""
+    (:data:`perflab.link.LINK_PRESETS`); ``baseline_result`` as in :func:`bucket_panel`.
+
+    Raises:
+        ValueError: unknown preset; ``baseline_result`` not measured with ``base``.
+    """
     from perflab.link import SimulatedLink
     from perflab.widgets import experiment_panel
 
     links = [SimulatedLink.preset(p) for p in presets]
     if base.link not in links:  # the baseline must be selectable (None = real backend)
         links.insert(0, base.link)
-    return experiment_panel(base, {"link": links}, run_fn=run_ddp, progress=False,
-                            title="Simulated link preset")
+    panel = experiment_panel(base, {"link": links}, run_fn=run_ddp, progress=False,
+                             title="Simulated link preset")
+    return _seed(panel, base, baseline_result)

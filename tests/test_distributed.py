@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -50,6 +51,7 @@ def _nested():
 # -- launch_fn --------------------------------------------------------------------------
 def test_launch_fn_returns_by_rank_even_with_the_default_port_busy():
     before = _rank_children()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     with socket.socket() as s:  # torchrun's default port taken: must not matter
         try:
             s.bind(("127.0.0.1", 29500))
@@ -59,6 +61,8 @@ def test_launch_fn_returns_by_rank_even_with_the_default_port_busy():
         out = launch_fn(faults.rank_and_sum, 2)
     assert out == [(0, 2, 1.0), (1, 2, 1.0)]
     assert _rank_children() == before
+    # the elastic agent's signal handlers are gone again (a notebook kernel keeps its own)
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 def test_a_rank_that_raises_is_named_within_30_s_and_nothing_is_left():

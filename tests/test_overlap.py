@@ -112,3 +112,16 @@ def test_launch_sweep_rejects_bad_configs(configs, match):
 def test_run_ddp_needs_two_ranks():
     with pytest.raises(ValueError, match="world_size >= 2"):
         run_ddp(RunConfig())
+
+
+def test_panels_take_a_premeasured_baseline():
+    from perflab.overlap import bucket_panel, link_panel
+
+    rec = fake_result(bucket_cap_mb=25.0)
+    for make in (bucket_panel, link_panel):
+        panel = make(rec.config, baseline_result=rec)
+        assert panel.baseline_result is rec and "perflab-run" in panel.run_button._dom_classes
+        with pytest.raises(ValueError, match="baseline_result"):
+            make(rec.config.replace(bucket_cap_mb=5.0), baseline_result=rec)
+    assert [o[1] for o in bucket_panel(rec.config).controls["bucket_cap_mb"].options] == [
+        1.0, 5.0, 25.0, 100.0]

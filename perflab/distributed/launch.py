@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import tempfile
 import threading
 import traceback
@@ -149,6 +150,28 @@ def _ranks_started_since(before: set[int]) -> list[psutil.Process]:
     return found
 
 
+def _save_signals(names: str) -> dict[Any, Any]:
+    """The current handlers of ``names`` ("SIGTERM,SIGINT,..."), and the agent's env var."""
+    saved: dict[Any, Any] = {"env": os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")}
+    if threading.current_thread() is threading.main_thread():
+        for name in names.split(","):
+            sig = getattr(signal, name.strip(), None)
+            if sig is not None:
+                saved[sig] = signal.getsignal(sig)
+    return saved
+
+
+def _restore_signals(saved: dict[Any, Any]) -> None:
+    env = saved.pop("env")
+    if env is None:
+        os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+    else:
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = env
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 def _kill_new_children(before: set[int]) -> None:
     """Kill rank processes started since ``before`` (pids), children first."""
     for p in reversed(_ranks_started_since(before)):
@@ -208,6 +231,10 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    # the agent installs handlers that turn these signals into SignalException (so a
+    # Ctrl-C / kernel interrupt stops every rank); put the caller's back afterwards, so a
+    # notebook kernel's own SIGTERM/SIGINT handling is unchanged once launch_fn returns
+    saved_signals = _save_signals(config.signals_to_handle)
     backstop = threading.Timer(timeout_s + _BACKSTOP_S, _kill_new_children, (before,))
     backstop.daemon = True
     backstop.start()
@@ -219,6 +246,7 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     finally:
         backstop.cancel()
         _kill_new_children(before)  # normally none left: the agent reaped them
+        _restore_signals(saved_signals)
     return [out[r] for r in range(world_size)]
 
 
