@@ -19,7 +19,8 @@ run it under the measurement lock:
     flock /tmp/perflab-measure.lock python benchmarks/ddp_overlap.py
 
 Usage: python benchmarks/ddp_overlap.py [--steps 6] [--warmup 2]
-       [--buckets 0.5 1 2 5 25] [--real-buckets 1 25] [--wan]
+       [--buckets 0.5 1 2 5 25] [--real-buckets 1 25] [--batch-size 32] [--image-size 64]
+       [--bucket-view] [--wan]
 """
 from __future__ import annotations
 
@@ -53,10 +54,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--buckets", type=float, nargs="+", default=[0.5, 1, 2, 5, 25])
     ap.add_argument("--real-buckets", type=float, nargs="+", default=[1, 25])
+    ap.add_argument("--batch-size", type=int, default=32, help="per rank")
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="gradient_as_bucket_view=True (no copy of .grad into buckets)")
     ap.add_argument("--wan", action="store_true", help="also sweep alpha = 5 ms, 1 Gbit/s")
     a = ap.parse_args()
-    base = RunConfig(device="cpu", model="resnet18", image_size=64, batch_size=32,
-                     steps=a.steps, warmup_steps=a.warmup, world_size=2, threads=1)
+    base = RunConfig(device="cpu", model="resnet18", image_size=a.image_size,
+                     batch_size=a.batch_size,
+                     steps=a.steps, warmup_steps=a.warmup, world_size=2, threads=1,
+                     gradient_as_bucket_view=a.bucket_view)
     print(f"ResNet-18, {base.image_size} px, batch {base.batch_size} per rank, "
           f"{base.world_size} gloo ranks x 1 thread, {a.steps} measured steps "
           f"(+{a.warmup} warm-up) per block")

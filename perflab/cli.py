@@ -124,8 +124,9 @@ def cmd_ladder(args: argparse.Namespace) -> int:
                  if getattr(args, k) is not None}
     config = naive_config(args.size, **overrides)  # bad size / values: before any work
     rungs = _names(args.rungs) if args.rungs else list(RUNGS)
-    ladder = climb(config, rungs=rungs, skip=_names(args.skip), rounds=args.rounds,
-                   alpha=args.alpha, progress=not args.quiet, out_dir=args.out)
+    ladder = climb(config, size=args.size, rungs=rungs, skip=_names(args.skip),
+                   rounds=args.rounds, alpha=args.alpha, progress=not args.quiet,
+                   out_dir=args.out)
     report = ladder.write_report()
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(ladder.table[LADDER_COLUMNS].round(3).to_string(index=False))
@@ -239,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rungs", default=None, help="comma-separated rungs in order "
                    "(default: data_loading,amp,channels_last,compile,larger_batch)")
     p.add_argument("--skip", default="", help="comma-separated rungs to leave out")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved A/B rounds per rung")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved A/B rounds per rung (default: tiny 2, quick 4, full 3)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (0.05)")
     p.add_argument("--out", default=None, type=Path,
                    help="output folder (default: results/ladder/<UTC time>)")

@@ -41,9 +41,9 @@ _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bflo
 #: those). Keys are matched against ``torch.cuda.get_device_name()`` in order.
 #: Sources: "NVIDIA A100 Tensor Core GPU" datasheet (SXM4 and PCIe: FP32 19.5, TF32 156,
 #: BF16/FP16 312); "NVIDIA H100 Tensor Core GPU" datasheet (SXM: FP32 67, TF32 494.5,
-#: BF16/FP16 989.5; PCIe: 51, 378, 756; NVL: 60, 417.5, 835.5); "NVIDIA H200 Tensor
+#: BF16/FP16 989.5; PCIe: 51, 378, 756.5; NVL: 60, 417.5, 835.5); "NVIDIA H200 Tensor
 #: Core GPU" datasheet (SXM: 67, 494.5, 989.5; NVL: 60, 417.5, 835.5); "NVIDIA L4 Tensor
-#: Core GPU" datasheet (30.3, 60, 121); "NVIDIA L40S GPU" datasheet (91.6, 183, 362);
+#: Core GPU" datasheet (30.3, 60, 121); "NVIDIA L40S GPU" datasheet (91.6, 183, 362.05);
 #: "NVIDIA A10 Tensor Core GPU" datasheet (31.2, 62.5, 125); "NVIDIA V100 Tensor Core
 #: GPU" datasheet (SXM2: FP32 15.7, FP16 125; PCIe: 14, 112; no TF32/BF16); "NVIDIA T4"
 #: datasheet (FP32 8.1, FP16 65; no TF32/BF16).
@@ -51,11 +51,11 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
     "H200": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
-    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
     "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
     "A100 PCIe": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
     "A100 SXM": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-    "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
     "L4": {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
     "A10": {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
     "V100 SXM2": {"fp32": 15.7, "fp16": 125.0},
@@ -97,7 +97,7 @@ class FlopCount:
         backward_flops: backward FLOPs per step without recomputation.
         recompute_flops: forward FLOPs activation checkpointing re-runs in backward, per
             step (0 without checkpointing).
-        by_op: backward-free forward FLOPs per step by aten op name.
+        by_op: forward FLOPs per step by aten op (e.g. convolution, addmm).
     """
 
     batch_size: int

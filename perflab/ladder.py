@@ -37,7 +37,7 @@ from perflab.ladder_report import Ladder, Rung, ladder_panel
 from perflab.measurement import Measurement, compare
 from perflab.result import RunResult, default_results_dir
 
-__all__ = ["RUNGS", "SIZES", "naive_config", "rung_config", "checkpointed_batch_size",
+__all__ = ["RUNGS", "SIZES", "ROUNDS", "naive_config", "rung_config", "checkpointed_batch_size",
            "per_sample", "Rung", "Ladder", "climb", "ladder_panel"]
 
 #: The rungs, in the order they are climbed.
@@ -46,10 +46,13 @@ RUNGS = ("data_loading", "amp", "channels_last", "compile", "larger_batch")
 #: "quick": 64 px, under 10 minutes on 2 CPU cores; "full": ImageNet-sized, for a GPU.
 #: warmup_steps >= 1 everywhere: torch.compile compiles in the first step.
 SIZES: dict[str, dict] = {
-    "tiny": dict(image_size=32, batch_size=8, steps=5, warmup_steps=1),
-    "quick": dict(image_size=64, batch_size=32, steps=8, warmup_steps=2),
+    "tiny": dict(image_size=32, batch_size=8, steps=4, warmup_steps=1),
+    "quick": dict(image_size=64, batch_size=32, steps=6, warmup_steps=2),
     "full": dict(image_size=224, batch_size=128, steps=30, warmup_steps=5),
 }
+#: Interleaved rounds per rung when ``climb(rounds=None)``: more, shorter rounds spread
+#: a burst of load from other programs over both sides of a comparison.
+ROUNDS = {"tiny": 2, "quick": 4, "full": 3}
 #: The larger_batch rung tries batches up to this multiple of the current one.
 MAX_BATCH_FACTOR = 4
 
@@ -179,7 +182,7 @@ def _validate(rungs: Sequence[str], skip: Sequence[str], rounds: int, alpha: flo
 
 
 def climb(config: RunConfig | None = None, *, size: str = "quick",
-          rungs: Sequence[str] = RUNGS, skip: Sequence[str] = (), rounds: int = 3,
+          rungs: Sequence[str] = RUNGS, skip: Sequence[str] = (), rounds: int | None = None,
           alpha: float = 0.05, progress: bool = True, out_dir: str | Path | None = None,
           save: bool = True, run_fn: RunFn | None = None) -> Ladder:
     """Climb the ladder from ``config`` (default ``naive_config(size)``).
@@ -189,8 +192,8 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
         size: a key of :data:`SIZES` (used when ``config`` is None).
         rungs: the rungs to try, in order (names from :data:`RUNGS`, any order).
         skip: rungs to leave out (listed as skipped in the table).
-        rounds: interleaved A/B rounds per rung (>= 1; each round is a full run, so
-            more, shorter rounds spread a burst of load from other programs over both).
+        rounds: interleaved A/B rounds per rung (>= 1; each round is a full run);
+            None -> ``ROUNDS[size]``.
         alpha: significance level of the keep decision, in (0, 1).
         progress: a tqdm bar over the rungs (and each run's step bar).
         out_dir: folder for the RunResult JSONs (``runs/``) and the report; None ->
@@ -206,6 +209,8 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
         ValueError: unknown rung or size, rounds < 1, alpha outside (0, 1), or a
             config RunConfig rejects -- all before any measurement.
     """
+    _check_size(size)
+    rounds = ROUNDS[size] if rounds is None else rounds
     _validate(rungs, skip, rounds, alpha)
     if config is None:
         config = naive_config(size)

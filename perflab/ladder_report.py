@@ -81,6 +81,10 @@ def _row(rung: str, status: str, change: str, r: RunResult | None, c: Comparison
     return row
 
 
+def _noisy(rung: Rung) -> bool:
+    return rung.incumbent.step.noisy or rung.candidate.step.noisy
+
+
 class Ladder:
     """The outcome of :func:`perflab.ladder.climb`.
 
@@ -134,7 +138,9 @@ class Ladder:
                 word = "kept" if r.kept else "dropped"
                 verdict = (f"{word}: {c.speedup:.2f}x per sample (95 % CI {c.ci95[0]:.2f}-"
                            f"{c.ci95[1]:.2f}x), p = {c.p_value:.3g}"
-                           + ("" if r.kept else "; did not help on this hardware"))
+                           + ("" if r.kept else "; did not help on this hardware")
+                           + ("; noisy (IQR > 10 % of the median: other programs "
+                              "competed for the cores?)" if _noisy(r) else ""))
                 rows.append(_row(name, word, r.change, r.candidate, c, cum, verdict, mfu))
             self._tables[mfu] = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
         return self._tables[mfu].copy()
@@ -232,6 +238,11 @@ class Ladder:
                              f"sample (95 % CI {c.ci95[0]:.2f}-{c.ci95[1]:.2f}x, "
                              f"p = {c.p_value:.3g}).")
         lines += [f"- **{k}** skipped: {v}." for k, v in self.skipped.items()]
+        noisy = [r.name for r in self.rungs if _noisy(r)]
+        if noisy:
+            lines += ["", f"Noisy measurements (IQR > 10 % of the median) in: "
+                      f"{', '.join(noisy)}. Decisions there have less power; re-run on "
+                      "a quiet machine to confirm them."]
         lines += ["", "## Table", "", _markdown(table), "",
                   "![cumulative speedup](waterfall.png)", ""]
         if self.baseline is not None:

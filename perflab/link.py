@@ -177,6 +177,10 @@ class LinkModel:
 
 
 # -- the DDP communication hook ---------------------------------------------------------
+#: Compression of a bucket before the allreduce, as in torch's default_hooks.
+COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 class LinkHookState:
     """State of :func:`link_hook`: the link model, the process group and this step's records.
 
@@ -210,14 +214,10 @@ class LinkHookState:
             return rec
 
 
-#: Compression of a bucket before the allreduce, as in torch's default_hooks.
-COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
 def link_hook(state, bucket):  # no annotations: DDP checks them, and ours are strings
-    """(state: LinkHookState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor].
+    """DDP communication hook: the REAL allreduce, completed no earlier than the link would.
 
-DDP communication hook: the REAL allreduce, completed no earlier than the link would.
+    ``(state: LinkHookState, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]``.
 
     Like ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks`` (``allreduce_hook``
     or ``fp16_compress_hook``/``bf16_compress_hook``): divide by the world size, (cast),

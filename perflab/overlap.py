@@ -28,7 +28,8 @@ from perflab.config import RunConfig
 from perflab.result import RunResult
 
 __all__ = ["overlap_efficiency", "ideal_step_s", "overlap_metrics", "overlap_table",
-           "plot_overlap", "run_ddp", "launch_sweep", "sweep_on_rank", "bucket_panel", "link_panel", "IDEALS"]
+           "plot_overlap", "run_ddp", "launch_sweep", "sweep_on_rank", "bucket_panel",
+           "link_panel", "IDEALS"]
 
 #: The two ideals an overlap efficiency is measured against.
 IDEALS = ("textbook", "ddp")

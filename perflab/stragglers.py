@@ -121,7 +121,8 @@ def predicted_slowdown(step_s: float, delay_s: float) -> float:
 
 @dataclass(frozen=True)
 class ThroughputLoss:
-    """Measured throughput loss (fraction) with a 95 % interval, and the prediction."""
+    """Measured throughput loss (fraction), its interval (``ci95``: at the confidence
+    asked for, 95 % by default) and the prediction."""
 
     measured: float
     ci95: tuple[float, float]
@@ -133,34 +134,49 @@ class ThroughputLoss:
         return self.ci95[0] <= self.predicted <= self.ci95[1]
 
 
+def _median_ci(times_s: Sequence[float], confidence: float) -> tuple[float, float]:
+    """Distribution-free interval of the median (order statistics, binomial):
+    ``scipy.stats.quantile_test(...).confidence_interval`` (Conover, *Practical
+    Nonparametric Statistics*, 3.2); an unbounded side becomes +-inf."""
+    from scipy import stats
+
+    ci = stats.quantile_test(np.asarray(times_s, dtype=np.float64), q=float(np.median(times_s)),
+                             p=0.5).confidence_interval(confidence_level=confidence)
+    return (float(ci.low) if np.isfinite(ci.low) else -math.inf,
+            float(ci.high) if np.isfinite(ci.high) else math.inf)
+
+
 def measured_throughput_loss(baseline_step_s: Sequence[float], delayed_step_s: Sequence[float],
-                             delay_s: float) -> ThroughputLoss:
+                             delay_s: float, *, confidence: float = 0.95) -> ThroughputLoss:
     """Throughput loss measured on one rank: ``1 - median(baseline) / median(delayed)``.
 
-    The interval combines the two medians' distribution-free 95 % intervals
-    (:attr:`perflab.measurement.Measurement.ci95_median`) at their extremes, so it is
-    conservative. The prediction uses the baseline median as ``step_s``.
+    The interval combines the two medians' distribution-free intervals (each at
+    ``confidence``, as :attr:`perflab.measurement.Measurement.ci95_median` computes
+    them) at their extremes, so it is conservative. The prediction uses the baseline
+    median as ``step_s``.
 
     Args:
         baseline_step_s: step times without delay (seconds, >= 2 values).
         delayed_step_s: step times of the same rank with the straggler (seconds, >= 2).
         delay_s: the injected delay (seconds).
+        confidence: level of each median's interval, in (0, 1); 0.95 by default.
 
     Raises:
-        ValueError: fewer than 2 times in either list, or a non-positive time.
+        ValueError: fewer than 2 times in either list, a non-positive time, or a
+            confidence outside (0, 1).
     """
-    from perflab.measurement import Measurement
-
     for name, v in (("baseline_step_s", baseline_step_s), ("delayed_step_s", delayed_step_s)):
         if len(v) < 2 or min(v) <= 0:
             raise ValueError(f"{name} needs >= 2 step times > 0 seconds, got {list(v)!r}")
-    base = Measurement(label="baseline", times_s=tuple(baseline_step_s))
-    slow = Measurement(label="delayed", times_s=tuple(delayed_step_s))
-    (b_lo, b_hi), (d_lo, d_hi) = base.ci95_median, slow.ci95_median
+    if not (isinstance(confidence, float) and 0 < confidence < 1):
+        raise ValueError(f"confidence must be a float in (0, 1), e.g. 0.95, got {confidence!r}")
+    (b_lo, b_hi), (d_lo, d_hi) = (_median_ci(baseline_step_s, confidence),
+                                  _median_ci(delayed_step_s, confidence))
+    base, slow = float(np.median(baseline_step_s)), float(np.median(delayed_step_s))
     lo = 1 - b_hi / d_lo if d_lo > 0 and math.isfinite(b_hi) else -math.inf
     hi = 1 - b_lo / d_hi if math.isfinite(d_hi) and b_lo > 0 else 1.0
-    return ThroughputLoss(measured=1 - base.median / slow.median, ci95=(lo, hi),
-                          predicted=predicted_throughput_loss(base.median, delay_s))
+    return ThroughputLoss(measured=1 - base / slow, ci95=(lo, hi),
+                          predicted=predicted_throughput_loss(base, delay_s))
 
 
 # -- detection ------------------------------------------------------------------------------

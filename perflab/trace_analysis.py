@@ -62,7 +62,7 @@ _CPU_ONLY = "CPU-only trace: analysed on cpu_op events"
 #: Bar colours of :func:`plot_breakdown` (Okabe-Ito, as perflab.plots).
 _COLORS = {"compute": "#0072B2", "non_compute": "#E69F00", "idle": "#B0B0B0"}
 
-Ranks = Union[str, "os.PathLike[str]", Mapping[Any, Any], Iterable[Any]]
+Ranks = Union[str, os.PathLike[str], Mapping[Any, Any], Iterable[Any]]
 
 
 def _load(source: Ranks) -> dict[int, "RankTrace"]:

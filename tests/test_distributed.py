@@ -5,6 +5,7 @@ process's rank children (psutil) before and after: none may be left behind.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -17,14 +18,17 @@ import psutil
 import pytest
 
 from perflab.config import RunConfig
-from perflab.distributed import (LaunchTimeoutError, RankFailedError, launch, launch_fn)
+from perflab.distributed import (LaunchTimeoutError, RankFailedError, launch, launch_fn,
+                                 launch_sweep)
 from perflab.distributed import faults
 from perflab.distributed.__main__ import main, parse_straggler
 from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import _innermost_frame
+from perflab.distributed.plots import plot_loss_vs_prediction, plot_rank_timeline
 from perflab.link import SimulatedLink
 from perflab.stragglers import Straggler
 from perflab.timing import Stopwatch
+from tests.synthetic import synthetic_result
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +89,14 @@ def test_a_hung_rank_is_stopped_by_the_timeout_and_every_rank_reaped():
     assert sw.elapsed_s < 30
     assert "timeout_s=3" in str(info.value)
     assert "hang_on_rank" in str(info.value)  # the hung rank's stack is in the message
-    assert 0 in info.value.ranks
+    assert info.value.ranks == [0, 1]  # the hung rank and the one waiting for it
+    assert _rank_children() == before
+
+
+def test_a_rank_that_dies_without_an_exception_is_named():
+    before = _rank_children()
+    with pytest.raises(RankFailedError, match=r"rank 0 died \(exit code 3\)"):
+        launch_fn(faults.exit_on_rank, 2, args=(0, 3))
     assert _rank_children() == before
 
 
@@ -158,11 +169,14 @@ def test_launch_trains_every_rank_and_measures_what_the_labs_read(tiny_dataset, 
     dict(comm_hook="powersgd"),
 ])
 def test_hooks_links_and_accumulation_run_and_keep_replicas_equal(tiny_dataset, kw):
-    results = launch(_tiny(dataset=tiny_dataset, **kw), save=False, progress=False,
-                     timeout_s=120)
+    results = launch(_tiny(dataset=tiny_dataset, **kw), save=False, timeout_s=120,
+                     progress=kw.get("comm_hook") == "powersgd")  # the bar in this process
     assert results[0].extra["param_checksum"] == pytest.approx(
         results[1].extra["param_checksum"], rel=1e-5)
     assert results[0].extra["per_step"] is None
+    buckets = results[0].extra["buckets"]
+    assert sum(b["num_params"] for b in buckets) == 8  # the tiny CNN's parameter tensors
+    assert len(buckets) > 1 or "bucket_cap_mb" not in kw  # 1 KB buckets: several
     if kw.get("link"):
         assert results[0].extra["link"].startswith("simulated link 1gbe")
         assert results[0].phases["comm"].median > 0
@@ -180,6 +194,33 @@ def test_launch_rejects_unsupported_combinations_before_starting(kw, match):
         launch(_tiny(**kw), save=False)
     with pytest.raises(ValueError, match="backend must be"):
         check_ddp_config(_tiny(), "mpi")
+
+
+def test_launch_sweep_rejects_empty_or_mixed_configs():
+    with pytest.raises(ValueError, match="non-empty list of RunConfig"):
+        launch_sweep([])
+    with pytest.raises(ValueError, match="non-empty list of RunConfig"):
+        launch_sweep(["not a config"])
+    with pytest.raises(ValueError, match="must share world_size, device and threads"):
+        launch_sweep([_tiny(), _tiny(world_size=3)])
+
+
+def test_plots_draw_synthetic_ranks_and_reject_runs_without_per_step():
+    results = []
+    for rank in (0, 1):
+        r = synthetic_result(_tiny(), {"forward": 10.0, "backward": 20.0})
+        per_step = {"compute_s": [0.03, 0.031], "wait_s": [0.01, 0.0],
+                    "step_s": [0.04, 0.031]}
+        results.append(dataclasses.replace(r, rank=rank, extra={"per_step": per_step}))
+    fig = plot_rank_timeline(results)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]
+    with pytest.raises(ValueError, match="straggler run"):
+        plot_rank_timeline([dataclasses.replace(results[0], extra={"per_step": None})])
+    fig = plot_loss_vs_prediction([0.01, 0.02], [[0.1, 0.11], [0.2, 0.19]], [0.1, 0.2],
+                                  ci95=[[(0.0, 0.2), (0.0, 0.2)], [(0.1, 0.3), (0.1, 0.3)]])
+    assert fig.axes[0].get_ylabel() == "throughput loss (%)"
+    with pytest.raises(ValueError, match="one entry per delay"):
+        plot_loss_vs_prediction([0.01], [[0.1, 0.1], [0.2, 0.2]], [0.1])
 
 
 def test_launch_world_size_argument_overrides_the_config():

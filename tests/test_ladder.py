@@ -1,6 +1,7 @@
 """The optimization ladder: decisions follow the statistics, reports are complete."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -199,3 +200,34 @@ def test_ladder_panel_shows_errors(tiny_dataset, results_dir):
                          progress=False)
     assert panel.run() is None
     assert "batch_size=1000" in panel.error.value and not panel.run_button.disabled
+
+
+def test_noisy_rungs_are_flagged(tmp_path):
+    def noisy_runs(configs, *, rounds, progress):
+        out = [_fake_result(c, seed=i) for i, c in enumerate(configs)]
+        step = out[1].phases["step"]  # the candidate: every other step 3x slower
+        times = tuple(t * (3 if i % 2 else 1) for i, t in enumerate(step.times_s))
+        phases = dict(out[1].phases, step=Measurement("step", times,
+                                                      samples_per_step=step.samples_per_step))
+        return [out[0], dataclasses.replace(out[1], phases=phases)]
+
+    lad = climb(_tiny(), rungs=["amp"], rounds=1, progress=False, out_dir=tmp_path,
+                run_fn=noisy_runs)
+    assert "noisy (IQR > 10 % of the median" in lad.table.verdict.iloc[-1]
+    assert "Noisy measurements (IQR > 10 % of the median) in: amp" in (
+        lad.write_report().read_text())
+
+
+def test_rounds_default_per_size():
+    from perflab.ladder import ROUNDS
+
+    seen = []
+
+    def record(configs, *, rounds, progress):
+        seen.append(rounds)
+        return FakeRuns()(configs, rounds=rounds, progress=progress)
+
+    for size in ("tiny", "quick"):
+        climb(_tiny(), size=size, rungs=["amp"], progress=False, save=False, run_fn=record)
+    climb(_tiny(), rungs=["amp"], rounds=5, progress=False, save=False, run_fn=record)
+    assert seen == [ROUNDS["tiny"], ROUNDS["quick"], 5]

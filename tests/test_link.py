@@ -109,4 +109,4 @@ def test_hook_on_two_ranks_delays_buckets_and_averages_like_ddp():
         assert done_s == pytest.approx(max(start_s, free) + link.message_time_s(nbytes))
         free = done_s
     # the step waits for the last modelled completion
-    assert r0["none"]["step_s"][-1] >= full[-1][3]
+    assert r0["none"]["step_s"][-1] >= full[-1][3] - 1e-3  # (timer resolution)

@@ -55,6 +55,16 @@ def test_measured_loss_disagrees_when_the_delay_did_not_happen():
     assert not measured_throughput_loss(base, base, 0.05).agrees
 
 
+def test_a_higher_confidence_gives_a_wider_interval():
+    base = [0.100, 0.101, 0.099, 0.100, 0.102, 0.098, 0.100, 0.101, 0.103, 0.097]
+    slow = [t + 0.05 for t in base[::-1]]
+    lo95, hi95 = measured_throughput_loss(base, slow, 0.05).ci95
+    lo99, hi99 = measured_throughput_loss(base, slow, 0.05, confidence=0.99).ci95
+    assert lo99 <= lo95 < hi95 <= hi99 and (lo99, hi99) != (lo95, hi95)
+    with pytest.raises(ValueError, match="confidence must be a float in"):
+        measured_throughput_loss(base, slow, 0.05, confidence=95)
+
+
 @pytest.mark.parametrize("base, slow", [([0.1], [0.1, 0.2]), ([0.1, 0.1], [0.1, 0.0])])
 def test_measured_loss_rejects_too_few_or_bad_times(base, slow):
     with pytest.raises(ValueError, match="needs >= 2 step times"):

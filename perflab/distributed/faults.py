@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["rank_and_sum", "raise_on_rank", "hang_on_rank"]
+__all__ = ["rank_and_sum", "raise_on_rank", "hang_on_rank", "exit_on_rank"]
 
 
 def rank_and_sum() -> tuple[int, int, float]:
@@ -34,5 +34,15 @@ def hang_on_rank(bad_rank: int, hang_s: float = 3600.0) -> int:
     in a barrier."""
     if dist.get_rank() == bad_rank:
         time.sleep(hang_s)
+    dist.barrier()
+    return dist.get_rank()
+
+
+def exit_on_rank(bad_rank: int, code: int = 3) -> int:
+    """Rank ``bad_rank`` exits at once with ``code`` (no Python exception: a crash)."""
+    import os
+
+    if dist.get_rank() == bad_rank:
+        os._exit(code)
     dist.barrier()
     return dist.get_rank()

@@ -101,8 +101,24 @@ def _watchdog(timeout_s: float, rank: int, err_path: Path) -> threading.Timer:
     return timer
 
 
+def _pin_to_cores(local_rank: int, threads_per_rank: int) -> None:
+    """Bind this rank to its own block of ``threads_per_rank`` allowed cores (round-robin
+    when there are more ranks than blocks: 4 ranks on 2 cores -> 2 per core).
+
+    Without it the scheduler moves ranks between cores and one rank can run ~1.5x
+    slower than another for a whole run on a small VM (measured here), which looks
+    exactly like a straggler. Linux only (``os.sched_setaffinity``); elsewhere a no-op.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    blocks = max(1, len(cores) // threads_per_rank)
+    first = (local_rank % blocks) * threads_per_rank
+    os.sched_setaffinity(0, cores[first:first + threads_per_rank] or cores)
+
+
 def _rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
-                threads_per_rank: int, err_dir: str) -> Any:
+                threads_per_rank: int, err_dir: str, pin_cores: bool = False) -> Any:
     """What each spawned rank runs: set threads and device, init the group, call fn."""
     import torch.distributed as dist
 
@@ -111,13 +127,17 @@ def _rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: fl
     watchdog = _watchdog(timeout_s, rank, err_path)
     try:
         torch.set_num_threads(threads_per_rank)
+        if pin_cores:
+            _pin_to_cores(int(os.environ["LOCAL_RANK"]), threads_per_rank)
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         # collectives may wait longer than the watchdog, so a hung rank is reported as a
         # timeout of every rank (with where each was), not as a gloo error on its peers
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s + 60))
         try:
-            return fn(*args)
+            out = fn(*args)
+            (Path(err_dir) / f"rank{rank}.done").touch()
+            return out
         except BaseException as e:
             # written before the group is torn down, so the failing rank's file is older
             # than the "connection closed" errors its exit causes on the other ranks
@@ -183,7 +203,7 @@ def _kill_new_children(before: set[int]) -> None:
 
 def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
               backend: str | None = None, device: str = "auto", timeout_s: float = 300,
-              threads_per_rank: int = 1) -> list[Any]:
+              threads_per_rank: int = 1, pin_cores: bool | None = None) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` local ranks; return their results by rank.
 
     Args:
@@ -196,6 +216,9 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
         timeout_s: seconds after which a rank still running is stopped (> 0); also the
             process group's collective timeout.
         threads_per_rank: ``torch.set_num_threads`` in each rank (>= 1).
+        pin_cores: bind each rank to its own ``threads_per_rank`` cores
+            (``os.sched_setaffinity``; round-robin when ranks outnumber cores). None =
+            on for gloo (CPU ranks), off for NCCL.
 
     Returns:
         ``[fn's return value on rank 0, on rank 1, ...]``.
@@ -224,6 +247,8 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
                          f"but {torch.cuda.device_count()} GPU(s) here; use backend='gloo' "
                          "(device='cpu') or fewer ranks")
 
+    if pin_cores is None:
+        pin_cores = backend == "gloo"
     err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
@@ -240,7 +265,7 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     backstop.start()
     try:
         out = elastic_launch(config, _rank_entry)(fn, tuple(args), backend, float(timeout_s),
-                                                  threads_per_rank, err_dir)
+                                                  threads_per_rank, err_dir, pin_cores)
     except ChildFailedError as e:
         raise _failure(e, err_dir, world_size, timeout_s) from None
     finally:
@@ -257,24 +282,35 @@ def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float) -> Excepti
         p = Path(err_dir) / f"rank{r}.err"
         if p.is_file():
             errors[r] = p.read_text()
-    timed_out = sorted(r for r, text in errors.items() if text.startswith("TimeoutError"))
-    if timed_out:
-        where = "\n".join(f"  rank {r}: {_innermost_frame(errors[r])}" for r in timed_out)
+    if any(text.startswith("TimeoutError") for text in errors.values()):
+        # every rank that had not finished was still running (the hung one and the
+        # ranks waiting for it); the watchdogs' stack dumps show where each was
+        running = [r for r in range(world_size)
+                   if not (Path(err_dir) / f"rank{r}.done").exists()]
+        dumps = sorted(r for r, text in errors.items() if text.startswith("TimeoutError"))
+        where = "\n".join(f"  rank {r}: {_innermost_frame(errors[r])}" for r in dumps)
         return LaunchTimeoutError(
-            f"rank(s) {timed_out} still running after timeout_s={timeout_s:g} s; all "
-            f"{world_size} ranks were stopped. Where each was:\n{where}\n\n"
-            f"{errors[timed_out[0]]}", timed_out)
+            f"rank(s) {running} still running after timeout_s={timeout_s:g} s; all "
+            f"{world_size} ranks were stopped. Where they were:\n{where}\n\n"
+            f"{errors[dumps[0]]}", running)
+    # a rank that died without a Python exception (a crash, os._exit, the OOM killer)
+    # is the root cause: its peers' "connection reset" errors only follow from it;
+    # SIGTERM/SIGKILL are the agent stopping the other ranks, not a cause
+    crashed = sorted(r for r, f in e.failures.items()
+                     if r not in errors and f.exitcode not in (-15, -9))
     raised = sorted(errors, key=lambda r: (Path(err_dir) / f"rank{r}.err").stat().st_mtime_ns)
-    if raised:
+    if raised and not crashed:
         rank = raised[0]
         first_line = errors[rank].splitlines()[0]
         return RankFailedError(f"rank {rank} raised {first_line}\n\n{errors[rank]}",
                                rank, errors)
-    rank, failure = min(e.failures.items())
+    rank = crashed[0] if crashed else min(e.failures)
+    failure = e.failures[rank]
     how = (f"signal {failure.signal_name()}" if failure.exitcode < 0
            else f"exit code {failure.exitcode}")
-    return RankFailedError(f"rank {rank} died ({how}) without a Python exception",
-                           rank, {r: str(f) for r, f in e.failures.items()})
+    after = "".join(f"\nthen rank {r}: {errors[r].splitlines()[0]}" for r in raised)
+    return RankFailedError(f"rank {rank} died ({how}) without a Python exception{after}",
+                           rank, {**{r: str(f) for r, f in e.failures.items()}, **errors})
 
 
 def _innermost_frame(dump: str) -> str:

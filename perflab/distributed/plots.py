@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from perflab.plots import PHASE_COLORS, _InlineFigure
 from perflab.result import RunResult
@@ -45,10 +46,10 @@ def plot_rank_timeline(results: Sequence[RunResult], title: str | None = None) -
     ax.set_yticks(range(len(results)), [f"rank {r.rank}" for r in results])
     ax.invert_yaxis()
     ax.set_xlabel("time since the first measured step (ms)")
-    ax.barh([], [], color=_COMPUTE, label="local compute (incl. injected delay)")
-    ax.barh([], [], color=_WAIT, label="waiting in the gradient allreduce")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(results) < 3 else -0.2),
-              ncol=2, frameon=False)
+    handles = [Patch(color=_COMPUTE, label="local compute (incl. injected delay)"),
+               Patch(color=_WAIT, label="waiting in the gradient allreduce")]
+    ax.legend(handles=handles, loc="upper center", ncol=2, frameon=False,
+              bbox_to_anchor=(0.5, -0.35 if len(results) < 3 else -0.2))
     ax.set_title(title or results[0].label, fontsize=10)
     return fig
 
@@ -75,7 +76,9 @@ def plot_loss_vs_prediction(delays_s: Sequence[float], measured: Sequence[Sequen
     fig = _InlineFigure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
     ms = [d * 1e3 for d in delays_s]
-    ax.plot(ms, [100 * p for p in predicted], "-", color="black", label="predicted")
+    order = sorted(range(len(ms)), key=ms.__getitem__)  # the line from delay 0 upward
+    ax.plot([0.0] + [ms[i] for i in order], [0.0] + [100 * predicted[i] for i in order],
+            "-", color="black", label="predicted: delay / (step + delay)")
     ranks = len(measured[0])
     for r in range(ranks):
         ys = [100 * m[r] for m in measured]

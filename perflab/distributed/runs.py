@@ -7,12 +7,17 @@ the same ranks run every config in turn.
 """
 from __future__ import annotations
 
+import tempfile
+import threading
+from pathlib import Path
 from typing import Sequence
+
+from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
 from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import default_backend, launch_fn
-from perflab.distributed.worker import ddp_worker
+from perflab.distributed.worker import ddp_worker, total_steps
 from perflab.result import RunResult
 from perflab.timing import Stopwatch
 
@@ -34,8 +39,7 @@ def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float
             given (then ``config.replace(world_size=world_size)``).
         world_size: ranks, >= 1, or None.
         timeout_s: seconds after which ranks still running are stopped.
-        progress: a tqdm bar in rank 0 (shown where that process's stderr goes: the
-            terminal running Jupyter or torchrun).
+        progress: a tqdm bar here (a widget in Jupyter), following rank 0's steps.
         save: write each rank's result as JSON.
         results_dir: where to save (None -> :func:`perflab.result.default_results_dir`).
 
@@ -52,9 +56,39 @@ def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float
                         save=save, results_dir=results_dir)[0]
 
 
-def sweep_worker(configs: Sequence[RunConfig], progress: bool = False) -> list[RunResult]:
+def sweep_worker(configs: Sequence[RunConfig], progress: bool = False,
+                 progress_file: str | None = None) -> list[RunResult]:
     """On one rank: :func:`ddp_worker` for each config in turn (same processes)."""
-    return [ddp_worker(c, progress) for c in configs]
+    out, offset = [], 0
+    for c in configs:
+        out.append(ddp_worker(c, progress, progress_file, offset))
+        offset += total_steps(c)
+    return out
+
+
+class _ProgressWatcher:
+    """A tqdm bar in the launching process, fed by the step count rank 0 writes to a
+    file (a widget in Jupyter: the ranks' own stderr does not reach a notebook)."""
+
+    def __init__(self, total: int, desc: str):
+        self.path = str(Path(tempfile.mkdtemp(prefix="perflab-progress-")) / "steps")
+        self._bar = tqdm(total=total, desc=desc, unit="step", leave=False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                done = int(Path(self.path).read_text() or 0)
+            except (OSError, ValueError):
+                continue
+            self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._bar.close()
 
 
 def launch_sweep(configs: Sequence[RunConfig], world_size: int | None = None, *,
@@ -89,9 +123,17 @@ def launch_sweep(configs: Sequence[RunConfig], world_size: int | None = None, *,
         check_ddp_config(c, backend)
     first.resolved_device()  # raises for a device this machine does not have
     wall = Stopwatch().start()
-    per_rank = launch_fn(sweep_worker, first.world_size, args=(configs, progress),
-                         backend=backend, device=first.device, timeout_s=timeout_s,
-                         threads_per_rank=first.threads or 1)
+    watcher = (_ProgressWatcher(sum(total_steps(c) for c in configs),
+                                f"{first.world_size} ranks: {first.display_label()}")
+               if progress else None)
+    try:
+        per_rank = launch_fn(sweep_worker, first.world_size,
+                             args=(configs, False, watcher.path if watcher else None),
+                             backend=backend, device=first.device, timeout_s=timeout_s,
+                             threads_per_rank=first.threads or 1)
+    finally:
+        if watcher is not None:
+            watcher.close()
     busy = max(sum(r.wall_s for r in rank_results) for rank_results in per_rank)
     overhead = wall.elapsed_s - busy
     out = []

@@ -57,7 +57,7 @@ from perflab.train import AMP_DTYPES, build_training
 from perflab.distributed.ddp import (allreduce_by_bucket, bucket_params, ddp_buckets,
                                      wrap_ddp)
 
-__all__ = ["ddp_worker", "rank_device"]
+__all__ = ["ddp_worker", "rank_device", "total_steps"]
 
 
 def rank_device(config: RunConfig) -> torch.device:
@@ -66,6 +66,30 @@ def rank_device(config: RunConfig) -> torch.device:
     if dev.type == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return dev
+
+
+def total_steps(config: RunConfig) -> int:
+    """Steps :func:`ddp_worker` runs for ``config`` (all four blocks, warm-up included)."""
+    w, n = config.warmup_steps, config.steps
+    return 2 * (w + n) + n + (n if config.straggler else 0)
+
+
+class _Progress:
+    """tqdm on rank 0 and/or the count of steps done written to ``path`` (rank 0), which
+    :func:`perflab.distributed.launch` reads to show a bar in the launching process."""
+
+    def __init__(self, bar: Any, path: str | None, offset: int):
+        self.bar, self.path, self.done = bar, path, offset
+
+    def update(self) -> None:
+        self.bar.update()
+        self.done += 1
+        if self.path:
+            with open(self.path, "w") as f:
+                f.write(str(self.done))
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class _Step:
@@ -135,11 +159,13 @@ def _block(step: _Step, n: int, timer: PhaseTimer, bar: Any, *, sync: bool,
     return losses
 
 
-def ddp_worker(config: RunConfig, progress: bool = False) -> RunResult:
+def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | None = None,
+               step_offset: int = 0) -> RunResult:
     """Train ``config`` on this rank of an initialised process group; measure it.
 
     See the module docstring for the four blocks and what each measures. Runs on every
-    rank; ``progress`` shows a tqdm bar on rank 0.
+    rank; ``progress`` shows a tqdm bar on rank 0; with ``progress_file`` rank 0 writes
+    ``step_offset`` + the steps done so far into that file after every step.
 
     Returns:
         This rank's :class:`RunResult` (``rank`` set, not saved): phases "data",
@@ -162,9 +188,10 @@ def ddp_worker(config: RunConfig, progress: bool = False) -> RunResult:
     batches = BatchStream(loader, local, device)
     s = config.straggler
     w, n = config.warmup_steps, config.steps
-    total = 2 * (w + n) + n + (n if s else 0)
-    bar = tqdm(total=total, desc=f"rank {rank}: {config.display_label()}", unit="step",
-               disable=not (progress and rank == 0), leave=False)
+    bar = _Progress(tqdm(total=total_steps(config), unit="step", leave=False,
+                         desc=f"rank {rank}: {config.display_label()}",
+                         disable=not (progress and rank == 0)),
+                    progress_file if rank == 0 else None, step_offset)
     try:
         step = _Step(ddp, optimizer, batches, config, scaler)
         # 1. compute-only (no_sync); restore the state after, so ranks stay identical
