@@ -307,6 +307,7 @@ class _LadderPanel:
         self.run_button.add_class("perflab-run")
         self.run_button.on_click(lambda _b: self.run())
         self.status, self.error, self.table = W.HTML("ready"), W.HTML(""), W.HTML("")
+        self.error.add_class("perflab-error")
         self.log = W.Output()
         self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
         self.image.add_class("perflab-plot")
