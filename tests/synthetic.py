@@ -1,10 +1,16 @@
 """Synthetic RunResults with fixed numbers, for tests that need no training."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
 from perflab.config import RunConfig
 from perflab.measurement import Measurement
 from perflab.memory import PeakMemory
 from perflab.result import RunResult
+from perflab.timing import PhaseTimer
 
 
 def synthetic_result(config: RunConfig, phase_ms: dict[str, float], *, n: int = 8,
@@ -21,3 +27,31 @@ def synthetic_result(config: RunConfig, phase_ms: dict[str, float], *, n: int = 
                      peak_memory=PeakMemory(peak_bytes, peak_kind),
                      env=env or {"device": "cpu", "device_name": "Test CPU"}, num_classes=10,
                      wall_s=1.0, created="2025-01-01T00:00:00+00:00")
+
+
+def record_tiny_cpu_trace(path: Path, active: int) -> Path:
+    """Record a real CPU-only Chrome trace of ``active`` PhaseTimer-annotated steps
+    (data / forward / backward / optimizer) of a tiny MLP into ``path``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    timer = PhaseTimer("cpu")
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=active, repeat=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=schedule,
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))
+                                ) as prof:
+        for _ in range(2 + active):
+            with timer.step():
+                with timer.phase("data"):
+                    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))  # (B, 16), (B,)
+                with timer.phase("forward"):
+                    loss = F.cross_entropy(model(x), y)
+                with timer.phase("backward"):
+                    loss.backward()
+                with timer.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+            prof.step()
+    return path

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
-import torch.nn.functional as F
 
 from perflab.result import PHASES
-from perflab.timing import PhaseTimer
 from perflab.trace import (EVENT_COLUMNS, PHASE_COLUMNS, events_frame, load_trace,
                            phase_times)
+from tests.synthetic import record_tiny_cpu_trace
 
 GPU_TRACES = Path(__file__).resolve().parents[2] / "shared/fixtures/gpu-traces"
 ACTIVE = 3
@@ -24,29 +22,7 @@ ACTIVE = 3
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     """A real Chrome trace of ACTIVE PhaseTimer-annotated steps of a tiny model."""
-    path = tmp_path_factory.mktemp("trace") / "trace.json"
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    timer = PhaseTimer("cpu")
-    schedule = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=1)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                schedule=schedule,
-                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))
-                                ) as prof:
-        for _ in range(2 + ACTIVE):
-            with timer.step():
-                with timer.phase("data"):
-                    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))  # (B, 16), (B,)
-                with timer.phase("forward"):
-                    loss = F.cross_entropy(model(x), y)
-                with timer.phase("backward"):
-                    loss.backward()
-                with timer.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-            prof.step()
+    path = record_tiny_cpu_trace(tmp_path_factory.mktemp("trace") / "trace.json", ACTIVE)
     assert path.is_file()
     return path
 

@@ -22,15 +22,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
-import torch.nn.functional as F
 
 from perflab.result import PHASES
-from perflab.timing import PhaseTimer
 from perflab.trace import (RankTrace, comm_comp_overlap, idle_time_breakdown, load_ranks,
                            load_trace, phase_breakdown, phase_times, plot_breakdown,
                            temporal_breakdown)
 from perflab.trace_analysis import IDLE_COLUMNS, OVERLAP_COLUMNS, TEMPORAL_COLUMNS
+from tests.synthetic import record_tiny_cpu_trace
 
 GPU_TRACES = Path(__file__).resolve().parents[1].parent / "shared/fixtures/gpu-traces"
 
@@ -193,29 +191,7 @@ ACTIVE = 3
 @pytest.fixture(scope="module")
 def cpu_trace(tmp_path_factory) -> Path:
     """A real CPU-only Chrome trace of ACTIVE PhaseTimer-annotated steps of a tiny MLP."""
-    path = tmp_path_factory.mktemp("cpu-trace") / "trace.json"
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    timer = PhaseTimer("cpu")
-    with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU],
-            schedule=torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE),
-            on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
-        for _ in range(2 + ACTIVE):
-            with timer.step():
-                with timer.phase("data"):
-                    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))  # (B, 16), (B,)
-                with timer.phase("forward"):
-                    loss = F.cross_entropy(model(x), y)
-                with timer.phase("backward"):
-                    loss.backward()
-                with timer.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-            prof.step()
-    return path
+    return record_tiny_cpu_trace(tmp_path_factory.mktemp("cpu-trace") / "trace.json", ACTIVE)
 
 
 def test_cpu_trace_temporal_breakdown(cpu_trace):
