@@ -141,7 +141,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
 
 
 def cmd_course(args: argparse.Namespace) -> int:
-    from perflab.course import build_labs
+    from perflab.course.build import build_labs
 
     changed = build_labs(args.solutions, args.labs, check=args.check)
     if args.check:
@@ -164,7 +164,7 @@ def _memory_gib(text: str) -> float | None:
 
 
 def cmd_course_record(args: argparse.Namespace) -> int:
-    from perflab.course import record_check_outputs
+    from perflab.course.build import record_check_outputs
 
     for nb in args.notebooks:
         outputs = record_check_outputs(nb, cell_timeout_s=args.cell_timeout)
@@ -182,8 +182,8 @@ def _lab_numbers(text: str) -> list[str]:
 
 
 def cmd_course_grade(args: argparse.Namespace) -> int:
-    from perflab.grading import Limits, grade_submissions
-    from perflab.grading_report import write_feedback, write_scores_csv
+    from perflab.course.grading import Limits, grade_submissions
+    from perflab.course.report import write_feedback, write_scores_csv
 
     sanitize = args.sanitize_with
     if sanitize is None:  # the file the instructor's nbval run of solutions/ uses

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perflab.course import build_lab, build_labs, graded_cells, record_check_outputs
+from perflab.course.build import build_lab, build_labs, graded_cells, record_check_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def test_record_check_outputs_errors(tmp_path):
 def test_nbval_times_summary():
     from types import SimpleNamespace
 
-    from perflab import _nbval_times as times
+    from perflab.course import nbval_times as times
 
     times.pytest_configure(None)
     for nodeid, s, failed in [("solutions/01_a.ipynb::Cell 0", 2.0, False),

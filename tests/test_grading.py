@@ -16,10 +16,10 @@ import pytest
 
 from conftest import slow
 from perflab.cli import main
-from perflab.course import build_lab
-from perflab.grading import (Limits, grade_notebook, grade_submissions, lab_key,
+from perflab.course.build import build_lab
+from perflab.course.grading import (Limits, grade_notebook, grade_submissions, lab_key,
                              protected_cells, restore_checks)
-from perflab.grading_report import write_feedback, write_scores_csv
+from perflab.course.report import write_feedback, write_scores_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"

@@ -1,6 +1,6 @@
-"""pytest plugin used by :mod:`perflab.grading`: stream each nbval cell's outcome.
+"""pytest plugin used by :mod:`perflab.course.grading`: stream each nbval cell's outcome.
 
-Loaded with ``-p perflab._nbval_outcomes`` in the grading subprocess. Every cell's
+Loaded with ``-p perflab.course.nbval_outcomes`` in the grading subprocess. Every cell's
 result is appended as one JSON line to ``$PERFLAB_OUTCOMES`` as soon as pytest reports
 it, so the cells that finished are known even when the subprocess is killed at its
 wall-clock limit (a JUnit XML report is only written at the end of a session). After a

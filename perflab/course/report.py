@@ -10,7 +10,7 @@ import csv
 from pathlib import Path
 from typing import Sequence
 
-from perflab.grading import LabGrade
+from perflab.course.grading import LabGrade
 
 __all__ = ["write_scores_csv", "write_feedback"]
 

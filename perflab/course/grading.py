@@ -15,7 +15,7 @@ check earns its points when its cell ran without an exception and printed the
 reference's output. A cell that raises does not stop the run (as in nbgrader): later
 checks that do not need it still earn their points. A cell that hangs past the per-cell
 timeout, a dead kernel or the wall-clock limit ends the run: checks after it earn
-nothing. :func:`grade_submissions` grades a whole folder; :mod:`perflab.grading_report`
+nothing. :func:`grade_submissions` grades a whole folder; :mod:`perflab.course.report`
 writes ``scores.csv`` and the per-student feedback.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Callable, Literal
 
 import nbformat
 
-from perflab._limited_run import run_limited
+from perflab.course.limited_run import run_limited
 
 __all__ = ["Limits", "CheckResult", "LabGrade", "lab_key", "protected_cells",
            "restore_checks", "grade_notebook", "grade_submissions"]
@@ -179,7 +179,7 @@ def _run_nbval(notebook: Path, workdir: Path, limits: Limits, sanitize: Path | N
     ini = workdir / "pytest.ini"
     ini.write_text("[pytest]\n")  # keep the project's addopts/testpaths out of the run
     cmd = [sys.executable, "-m", "pytest", str(notebook), "-c", str(ini),
-           "--rootdir", str(workdir), "-p", "perflab._nbval_outcomes", "-p", "no:cacheprovider",
+           "--rootdir", str(workdir), "-p", "perflab.course.nbval_outcomes", "-p", "no:cacheprovider",
            "-q", "--color=no", "--nbval-lax", "--nbval-current-env",
            f"--nbval-cell-timeout={limits.cell_timeout_s:g}"]
     if sanitize is not None:

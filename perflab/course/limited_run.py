@@ -1,6 +1,6 @@
 """Run a command with a wall-clock and a memory limit, and kill everything it started.
 
-Used by :mod:`perflab.grading` to run a student's notebook: the memory limit is an
+Used by :mod:`perflab.course.grading` to run a student's notebook: the memory limit is an
 address-space limit (``RLIMIT_AS``) set in the child before it starts, so every process
 it launches (the Jupyter kernel) inherits it; at the wall-clock limit the whole process
 tree is killed, including descendants in sessions of their own (Jupyter kernels).
