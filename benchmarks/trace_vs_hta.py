@@ -33,8 +33,8 @@ import warnings
 from pathlib import Path
 
 from perflab.timing import Stopwatch
-from perflab.trace import comm_comp_overlap, idle_time_breakdown, load_ranks, \
-    temporal_breakdown
+from perflab.trace import load_ranks
+from perflab.trace_analysis import comm_comp_overlap, idle_time_breakdown, temporal_breakdown
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared/fixtures/gpu-traces"
 

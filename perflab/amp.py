@@ -192,17 +192,11 @@ def loss_parity(reference: RunResult, other: RunResult, *, window: int = 5) -> P
 def plot_parity(parities: list[Parity]):
     """Loss curves (top) and |difference| per step (bottom) for one or more
     :class:`Parity` against the same reference. Returns a Figure that shows itself."""
-    from matplotlib.figure import Figure
-
-    from perflab.plots import figure_to_png
-
-    class _Figure(Figure):  # shows itself in Jupyter without pyplot
-        def _repr_png_(self) -> bytes:
-            return figure_to_png(self)
+    from perflab.figures import InlineFigure
 
     if not parities:
         raise ValueError("plot_parity needs at least one Parity")
-    fig = _Figure(figsize=(8.0, 5.5), layout="constrained")
+    fig = InlineFigure(figsize=(8.0, 5.5), layout="constrained")
     ax_loss, ax_diff = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     ref = parities[0].table
     ax_loss.plot(ref["step"], ref["loss_reference"], color="black", lw=0.8, alpha=0.4)

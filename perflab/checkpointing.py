@@ -27,7 +27,7 @@ from perflab.config import RunConfig
 from perflab.measurement import Measurement
 from perflab.memory import MIB, SavedTensorsCounter, saved_activation_bytes, tensor_peak_bytes
 from perflab.models import ResNet
-from perflab.plots import figure_to_png
+from perflab.figures import InlineFigure
 from perflab.timing import measure
 from perflab.train import train_step
 from perflab.workloads import training_parts
@@ -151,11 +151,6 @@ def stage_table(model: ResNet, x: torch.Tensor, y: torch.Tensor) -> pd.DataFrame
                         ).set_index("stage")
 
 
-class _InlineFigure(Figure):
-    def _repr_png_(self) -> bytes:
-        return figure_to_png(self)
-
-
 @dataclass(frozen=True, eq=False)
 class TradeoffCurve:
     """Memory and time of every checkpointing setting, measured in one session.
@@ -176,7 +171,7 @@ class TradeoffCurve:
         """Left: saved activations and peak tensor memory (MiB) per setting; right: step
         time (ms, median with 95 % CI whiskers) and its overhead over "none"."""
         t = self.table
-        fig = _InlineFigure(figsize=(11.0, 4.0), layout="constrained")
+        fig = InlineFigure(figsize=(11.0, 4.0), layout="constrained")
         ax_mem, ax_time = fig.subplots(1, 2, sharex=True)
         xs = range(len(t))
         ax_mem.bar([i - 0.2 for i in xs], t.saved_mib, 0.4, label="saved for backward",

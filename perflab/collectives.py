@@ -17,89 +17,22 @@ Message size ``n`` is the allreduced tensor's size on each rank (bytes), as nccl
 """
 from __future__ import annotations
 
-import math
-import time
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink, ring_allreduce_wire_bytes
-from perflab.timing import PerfCounterClock
+from perflab.distributed.ddp import check_compression, timed_allreduce_buckets
+from perflab.distributed import launch_fn
+from perflab.link import SimulatedLink, register_link_hook, ring_allreduce_wire_bytes
 
-__all__ = ["timed_allreduce_buckets", "allreduce_sweep", "sweep_on_rank", "fit_alpha_beta",
+__all__ = ["allreduce_sweep", "sweep_on_rank", "fit_alpha_beta",
            "AlphaBetaFit", "algbw_bytes_per_s", "busbw_bytes_per_s", "plot_alpha_beta",
            "SWEEP_SIZES_BYTES", "link_hook_probe"]
 
 #: 1 KiB, 4 KiB, ..., 64 MiB: the default message sizes of a sweep (powers of 4).
 SWEEP_SIZES_BYTES = tuple(2 ** k for k in range(10, 27, 2))
-
-
-def _check_compression(compression: str) -> None:
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {tuple(COMPRESSIONS)}, "
-                         f"got {compression!r}")
-
-
-def _message(nbytes: int, compression: str) -> torch.Tensor:
-    """A flat tensor standing for ``nbytes`` of fp32 gradients, cast as the hook would."""
-    dtype = COMPRESSIONS[compression] or torch.float32
-    return torch.ones(max(1, math.ceil(nbytes / 4)), dtype=dtype)
-
-
-def timed_allreduce_buckets(bucket_nbytes: Sequence[int], *, link: SimulatedLink | None = None,
-                            compression: str = "none", group=None) -> float:
-    """Seconds to allreduce one step's gradient buckets, in order, with nothing else running.
-
-    Call on every rank of an initialised process group. After a barrier, every bucket is
-    allreduced asynchronously in order (as DDP issues them once all are ready) and waited
-    for; with ``link`` each bucket is also booked on a :class:`~perflab.link.LinkModel`
-    (all handed to the link at the start, so they queue: ``sum(alpha + n_i / beta)``) and
-    the call returns no earlier than the last modelled completion (sleeping, not spinning).
-
-    Args:
-        bucket_nbytes: fp32 gradient bytes of each bucket (DDP's bucket sizes), each >= 1.
-        link: the simulated link, or None for the real backend alone.
-        compression: "none", "fp16" or "bf16": messages are cast first (half the bytes).
-        group: process group (None = WORLD).
-
-    Returns:
-        Seconds (float) from the barrier to this rank's last completion.
-
-    Raises:
-        ValueError: empty or non-positive sizes, unknown compression, a link that is not
-            a SimulatedLink, or torch.distributed not initialised.
-    """
-    import torch.distributed as dist
-
-    sizes = list(bucket_nbytes)
-    if not sizes or any(not isinstance(n, (int, np.integer)) or n < 1 for n in sizes):
-        raise ValueError(f"bucket_nbytes must be a non-empty list of ints >= 1 (bytes per "
-                         f"bucket), got {bucket_nbytes!r}")
-    _check_compression(compression)
-    if link is not None and not isinstance(link, SimulatedLink):
-        raise ValueError(f"link must be None or a SimulatedLink, got {link!r}")
-    if not dist.is_initialized():
-        raise ValueError("torch.distributed is not initialised; run this on every rank "
-                         "(e.g. through perflab.distributed.launch_fn)")
-    tensors = [_message(n, compression) for n in sizes]
-    clock = PerfCounterClock()
-    model = (LinkModel(link, world_size=dist.get_world_size(group), clock=clock)
-             if link is not None else None)
-    dist.barrier(group)
-    t0 = clock.now()
-    works, last_done = [], t0
-    for t in tensors:
-        if model is not None:
-            _, last_done = model.schedule(t.numel() * t.element_size())
-        works.append(dist.all_reduce(t, group=group, async_op=True))
-    for w in works:
-        w.wait()
-    wait_s = last_done - clock.now()
-    if wait_s > 0:
-        time.sleep(wait_s)
-    return clock.now() - t0
 
 
 def sweep_on_rank(sizes_bytes: Sequence[int], repeats: int, warmup: int,
@@ -139,8 +72,6 @@ def allreduce_sweep(sizes_bytes: Sequence[int] = SWEEP_SIZES_BYTES, *, world_siz
     Raises:
         ValueError: bad sizes / repeats / warmup / world_size / link (before any launch).
     """
-    from perflab.distributed import launch_fn
-
     sizes = [int(n) for n in sizes_bytes]
     if not sizes or any(n < 4 for n in sizes):
         raise ValueError(f"sizes_bytes must be a non-empty list of sizes >= 4 bytes, "
@@ -263,9 +194,9 @@ def plot_alpha_beta(sweep: pd.DataFrame, fit: AlphaBetaFit, ax=None, title: str 
     ``describe()`` text, or "real gloo loopback") and the fitted alpha, beta and R^2.
     Returns the matplotlib Figure.
     """
-    from perflab.plots import _new_ax
+    from perflab.figures import new_ax
 
-    ax = _new_ax(ax, (6.0, 4.0))
+    ax = new_ax(ax, (6.0, 4.0))
     n = sweep["size_bytes"].to_numpy(float)
     t = sweep["time_s"].to_numpy(float)
     err = [t - sweep["time_min_s"].to_numpy(float), sweep["time_max_s"].to_numpy(float) - t]
@@ -307,13 +238,12 @@ def link_hook_probe(layer_sizes: Sequence[int], bucket_cap_mb: float,
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from perflab.link import register_link_hook
 
     out = {}
     for compression in ([*compressions, "baseline"] if with_baseline else compressions):
         hooked = compression != "baseline"
         if hooked:
-            _check_compression(compression)
+            check_compression(compression)
         torch.manual_seed(0)
         layers = [torch.nn.Linear(a, b) for a, b in zip(layer_sizes[:-1], layer_sizes[1:])]
         ddp = DistributedDataParallel(torch.nn.Sequential(*layers),

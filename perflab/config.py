@@ -16,10 +16,10 @@ from typing import Any, Literal
 import torch
 
 from perflab.link import SimulatedLink
-from perflab.stragglers import Straggler
+from perflab.straggler import Straggler
 
 __all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES", "CACHE_MODES",
-           "COMM_HOOKS", "SimulatedLink", "Straggler"]
+           "COMM_HOOKS"]
 
 MODELS = ("resnet18", "tiny")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -168,7 +168,7 @@ class RunConfig:
     "simulated link ..." in labels."""
 
     straggler: Straggler | None = None
-    """A delay injected on one rank (:class:`perflab.stragglers.Straggler`); None = off.
+    """A delay injected on one rank (:class:`perflab.straggler.Straggler`); None = off.
     Shown as "straggler rank ..." in labels."""
 
     # ------------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ class RunConfig:
     # ------------------------------------------------------------------------------------
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "RunConfig":
-        """A named preset (``"quick"`` or ``"full"``) with field overrides.
+        """A named preset (``"tiny"``, ``"quick"`` or ``"full"``) with field overrides.
 
         Raises:
             ValueError: unknown preset name or unknown field in ``overrides``.
@@ -369,9 +369,11 @@ class RunConfig:
         return cls(**kw)
 
 
-#: Named presets. ``quick``: a measured run in <= 30 s on a 2-core CPU.
-#: ``full``: ImageNet-sized crops for a GPU.
+#: Named presets. ``tiny``: a smoke test in seconds (browser tests, CI). ``quick``: a
+#: measured run in <= 30 s on a 2-core CPU. ``full``: ImageNet-sized crops for a GPU.
 PRESETS: dict[str, dict[str, Any]] = {
+    # tiny: a smoke-test size (browser tests, CI's wheel smoke run): seconds, not minutes.
+    "tiny": dict(image_size=32, batch_size=8, steps=4, warmup_steps=1),
     "quick": dict(image_size=64, batch_size=32, steps=20, warmup_steps=3),
     "full": dict(image_size=224, batch_size=128, steps=50, warmup_steps=10, num_workers=8,
                  persistent_workers=True),

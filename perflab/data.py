@@ -21,14 +21,9 @@ from PIL import Image
 from .augment import fallback_crop_size
 from .config import RunConfig
 from .dataset import EMBEDDED_NAME, ensure_dataset
-# Re-exported so labs can say perflab.data.sweep_loader; loader_tuning imports this
-# module only inside its functions, so there is no import cycle.
-from .loader_tuning import sweep_loader, tune_loader
-
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "random_resized_crop",
            "center_crop_resize", "to_tensor", "normalize", "TrainTransform",
-           "EvalTransform", "ImageFolderDataset", "make_loader", "infinite_batches",
-           "sweep_loader", "tune_loader"]
+           "EvalTransform", "ImageFolderDataset", "make_loader", "infinite_batches"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

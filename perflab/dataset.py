@@ -58,6 +58,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     "brick": ("brick", "CC0Textures (Bricks25), CC0; perspective-corrected, grey"),
     "grass": ("grass", "DeviantArt (linolafett, Grass 01), CC0; cropped, grey"),
 }
+#: The dataset's class names, sorted (the label of class i is ``CLASSES[i]``).
 CLASSES: tuple[str, ...] = tuple(sorted(SOURCES))
 
 

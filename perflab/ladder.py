@@ -33,12 +33,12 @@ from typing import Callable, Sequence
 from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
-from perflab.ladder_report import Ladder, Rung, ladder_panel
+from perflab.ladder_report import Ladder, Rung
 from perflab.measurement import Measurement, compare
 from perflab.result import RunResult, default_results_dir
 
 __all__ = ["RUNGS", "SIZES", "ROUNDS", "naive_config", "rung_config", "checkpointed_batch_size",
-           "per_sample", "Rung", "Ladder", "climb", "ladder_panel"]
+           "per_sample", "climb", "validate_climb"]
 
 #: The rungs, in the order they are climbed.
 RUNGS = ("data_loading", "amp", "channels_last", "compile", "larger_batch")
@@ -165,7 +165,13 @@ def per_sample(m: Measurement, batch_size: int, label: str) -> Measurement:
                        samples_per_step=1)
 
 
-def _validate(rungs: Sequence[str], skip: Sequence[str], rounds: int, alpha: float) -> None:
+def validate_climb(rungs: Sequence[str], skip: Sequence[str], rounds: int, alpha: float) -> None:
+    """Refuse a climb's arguments before any run: unknown rung names, a string instead
+    of a list, ``rounds`` < 1, ``alpha`` outside (0, 1).
+
+    Raises:
+        ValueError: naming the argument and the fix.
+    """
     for name, names in (("rungs", rungs), ("skip", skip)):
         if isinstance(names, str):
             raise ValueError(f"{name} must be a list of rung names, got the string "
@@ -211,7 +217,7 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
     """
     _check_size(size)
     rounds = ROUNDS[size] if rounds is None else rounds
-    _validate(rungs, skip, rounds, alpha)
+    validate_climb(rungs, skip, rounds, alpha)
     if config is None:
         config = naive_config(size)
     elif not isinstance(config, RunConfig):

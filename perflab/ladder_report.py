@@ -1,9 +1,9 @@
-"""What a ladder climb found: the :class:`Ladder` table, its plots, report and panel.
+"""What a ladder climb found: the :class:`Ladder` table, its plots and report.
 
 :func:`perflab.ladder.climb` measures; this module shows: a table (step time,
 throughput with 95 % CI, speedup per rung and cumulative, MFU, peak memory), a waterfall
 of the cumulative speedup, the phase breakdown per rung, ``report.md`` with the
-environment summary, and :func:`ladder_panel`, the Lab 08 widget.
+environment summary (the Lab 08 widget is :func:`perflab.panels.ladder_panel`).
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from perflab.measurement import Comparison
-from perflab.plots import _InlineFigure, figure_to_png, plot_phases
+from perflab.figures import InlineFigure, figure_to_png
+from perflab.plots import plot_phases
 from perflab.result import RunResult
 
-__all__ = ["Rung", "Ladder", "ladder_panel", "TABLE_COLUMNS"]
+__all__ = ["Rung", "Ladder", "TABLE_COLUMNS"]
 
 #: Columns of :attr:`Ladder.table`, in order.
 TABLE_COLUMNS = ("rung", "status", "change", "batch_size", "step_time_ms", "samples_per_s",
@@ -163,7 +164,7 @@ class Ladder:
         """Cumulative speedup, rung by rung: a kept rung is a green step up from the
         previous level, a dropped one a grey bar of what it would have given (not
         carried on); the last bar is the total. Speedups are per sample."""
-        fig = _InlineFigure(figsize=(8.0, 4.0), layout="constrained")
+        fig = InlineFigure(figsize=(8.0, 4.0), layout="constrained")
         ax = fig.add_subplot()
         level, names = 1.0, []
         for i, r in enumerate(self.rungs):
@@ -263,88 +264,3 @@ def _markdown(df: pd.DataFrame) -> str:
     rows = [" | ".join(df.columns), " | ".join("---" for _ in df.columns)]
     rows += [" | ".join(cell(v) for v in rec) for rec in df.itertuples(index=False)]
     return "\n".join(f"| {r} |" for r in rows)
-
-
-def ladder_panel(config=None, *, size: str = "tiny", rungs: Sequence[str] | None = None,
-                 rounds: int = 1, progress: bool = True, title: str | None = None):
-    """The Lab 08 panel: a checkbox per rung, a Run button (class ``perflab-run``) in a
-    ``.perflab-panel``; Run climbs the ticked rungs and shows the waterfall as an
-    ``img.perflab-plot`` with the table below. Errors show in the panel.
-
-    Args:
-        config, size, rounds, progress: as :func:`perflab.ladder.climb`.
-        rungs: the rungs ticked at first (default all of ``RUNGS``).
-        title: heading (default "Optimization ladder").
-
-    Returns:
-        A ``LadderPanel`` (displays itself; ``.run()`` does what the button does,
-        ``.ladder`` is the last climb).
-
-    Raises:
-        ValueError: as :func:`perflab.ladder.climb`, before any widget is built.
-    """
-    from perflab.ladder import RUNGS, _validate, naive_config
-
-    rungs = list(RUNGS if rungs is None else rungs)
-    _validate(rungs, (), rounds, 0.05)
-    config = naive_config(size) if config is None else config
-    return _LadderPanel(config, rungs, rounds, progress, title or "Optimization ladder")
-
-
-class _LadderPanel:
-    """See :func:`ladder_panel` (ipywidgets; its own class because the ladder shows a
-    waterfall of several rungs, not experiment_panel's before/after pair)."""
-
-    def __init__(self, config, rungs: list[str], rounds: int, progress: bool, title: str):
-        import ipywidgets as W
-        from perflab.ladder import RUNGS
-
-        self.config, self.rounds, self.progress = config, rounds, progress
-        self.ladder: Ladder | None = None
-        self.boxes = {r: W.Checkbox(value=r in rungs, description=r, indent=False)
-                      for r in RUNGS}
-        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
-        self.run_button.add_class("perflab-run")
-        self.run_button.on_click(lambda _b: self.run())
-        self.status, self.error, self.table = W.HTML("ready"), W.HTML(""), W.HTML("")
-        self.error.add_class("perflab-error")
-        self.log = W.Output()
-        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
-        self.image.add_class("perflab-plot")
-        head = W.HTML(f"<h4>{html.escape(title)}</h4><p>Baseline "
-                      f"<code>{html.escape(config.display_label())}</code>; tick the "
-                      "rungs and press <b>Run</b> to climb them on this machine.</p>")
-        self.widget = W.VBox([head, W.HBox(list(self.boxes.values())), self.run_button,
-                              self.status, self.error, self.log, self.image, self.table])
-        self.widget.add_class("perflab-panel")
-
-    def _repr_mimebundle_(self, **kwargs: Any):
-        return self.widget._repr_mimebundle_(**kwargs)
-
-    def run(self, *, raise_errors: bool = False) -> Ladder | None:
-        """Climb the ticked rungs; returns the Ladder (None if it failed)."""
-        from perflab.ladder import climb
-
-        self.run_button.disabled, self.error.value = True, ""
-        self.status.value = "climbing ..."
-        try:
-            ticked = [r for r, box in self.boxes.items() if box.value]
-            with self.log:
-                self.ladder = climb(self.config, rungs=ticked, rounds=self.rounds,
-                                    progress=self.progress)
-            self.image.value = figure_to_png(self.ladder.plot_waterfall())
-            cols = ["rung", "status", "step_time_ms", "samples_per_s", "speedup",
-                    "p_value", "cumulative_speedup", "mfu_pct"]
-            self.table.value = self.ladder.table[cols].to_html(
-                index=False, float_format=lambda v: f"{v:,.3g}", na_rep="–", border=0)
-            self.status.value = html.escape(repr(self.ladder))
-            return self.ladder
-        except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
-            self.error.value = (f'<div style="color:#b00020;font-weight:bold">'
-                                f"{html.escape(f'{type(e).__name__}: {e}')}</div>")
-            self.status.value = "the climb failed; the panel is still usable"
-            if raise_errors:
-                raise
-            return None
-        finally:
-            self.run_button.disabled = False

@@ -268,16 +268,10 @@ def plot_sweep(sweep: LoaderSweep):
     """Two panels against ``num_workers``: throughput with 95 % CI whiskers (the
     compute-only bound as a dashed line) and data-wait share. One line per combination
     of the other loader settings. Returns a Figure that shows itself in Jupyter."""
-    from matplotlib.figure import Figure
-
-    from perflab.plots import figure_to_png
-
-    class _Figure(Figure):  # shows itself in Jupyter without pyplot
-        def _repr_png_(self) -> bytes:
-            return figure_to_png(self)
+    from perflab.figures import InlineFigure
 
     t = sweep.table
-    fig = _Figure(figsize=(11.0, 4.0), layout="constrained")
+    fig = InlineFigure(figsize=(11.0, 4.0), layout="constrained")
     ax_t, ax_d = fig.subplots(1, 2)
     others = [k for k in LOADER_FIELDS[1:] if t[k].nunique(dropna=False) > 1]
     groups = t.groupby(others, dropna=False) if others else [((), t)]

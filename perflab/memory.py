@@ -34,7 +34,7 @@ from torch import nn
 
 __all__ = ["PeakMemory", "reset_peak", "read_peak", "GIB", "MIB", "SavedTensors",
            "SavedTensorsCounter", "saved_activation_bytes", "ModelState",
-           "model_state_bytes", "tensor_peak_bytes"]
+           "model_state_bytes", "model_state_tensors", "tensor_peak_bytes"]
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -197,7 +197,8 @@ def _storage_key(t: torch.Tensor) -> tuple:
     return (t.device.type, t.device.index, s.data_ptr(), s.nbytes())
 
 
-def _model_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+def model_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of ``model`` (the tensors that are not activations)."""
     return [*model.parameters(), *model.buffers()]
 
 
@@ -219,7 +220,7 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor | 
     """
     buffers = {k: b.detach().clone() for k, b in model.named_buffers()}
     try:
-        with torch.enable_grad(), SavedTensorsCounter(_model_state_tensors(model)) as c:
+        with torch.enable_grad(), SavedTensorsCounter(model_state_tensors(model)) as c:
             out = model(x)
             if y is not None:
                 out = loss_fn(out, y)

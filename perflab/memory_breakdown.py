@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perflab.memory import (MIB, SavedTensorsCounter, _model_state_tensors,
+from perflab.memory import (MIB, SavedTensorsCounter, model_state_tensors,
                             model_state_bytes)
 
 __all__ = ["optimizer_state_multiplier", "activation_formula_bytes", "memory_breakdown"]
@@ -117,7 +117,7 @@ def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer, x: torc
         ``formula`` (the rule, as text).
     """
     formula_act = activation_formula_bytes(model, x, num_classes=_num_classes(model, x))
-    with SavedTensorsCounter(_model_state_tensors(model)) as c:
+    with SavedTensorsCounter(model_state_tensors(model)) as c:
         loss = F.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()

@@ -28,8 +28,7 @@ from perflab.config import RunConfig
 from perflab.result import RunResult
 
 __all__ = ["overlap_efficiency", "ideal_step_s", "overlap_metrics", "overlap_table",
-           "plot_overlap", "run_ddp", "launch_sweep", "sweep_on_rank", "bucket_panel",
-           "link_panel", "IDEALS"]
+           "plot_overlap", "run_ddp", "IDEALS"]
 
 #: The two ideals an overlap efficiency is measured against.
 IDEALS = ("textbook", "ddp")
@@ -142,13 +141,13 @@ def plot_overlap(table: pd.DataFrame, x: str = "bucket_cap_mb", ax: Any = None,
     Raises:
         ValueError: ``x`` is not a column of ``table``.
     """
-    from perflab.plots import _new_ax
+    from perflab.figures import new_ax
 
     if x not in table.columns:
         raise ValueError(f"x={x!r} is not a column of the table; use one of "
                          f"{list(table.columns)}")
     g = table.groupby(x, sort=False).median(numeric_only=True)
-    ax = _new_ax(ax, (7.0, 4.0))
+    ax = new_ax(ax, (7.0, 4.0))
     pos = np.arange(len(g))
     w = 0.25
     ax.bar(pos - w, g["compute_ms"], w, label="compute (no_sync)", color="#0072B2")
@@ -186,88 +185,3 @@ def run_ddp(config: RunConfig, *, progress: bool = False, **launch_kwargs: Any) 
         raise ValueError(f"run_ddp needs world_size >= 2, got {config.world_size}; set "
                          "RunConfig(world_size=2, ...)")
     return launch(config, progress=progress, **launch_kwargs)[0]
-
-
-def sweep_on_rank(configs: Sequence[RunConfig], progress: bool = False) -> list[RunResult]:
-    """Rank body of :func:`launch_sweep`: :func:`perflab.distributed.ddp_worker` for each
-    config in turn, in one process group (module level so spawned ranks import it)."""
-    from perflab.distributed import ddp_worker
-
-    return [ddp_worker(c, progress) for c in configs]
-
-
-def launch_sweep(configs: Sequence[RunConfig], *, timeout_s: float = 600,
-                 progress: bool = False) -> list[list[RunResult]]:
-    """Run several data-parallel configs in ONE launch: ``[[rank 0, rank 1, ...] per
-    config]``. Same measurements as :func:`perflab.distributed.launch`, but the ranks'
-    start-up (process spawn, imports, rendezvous: ~5 s here) is paid once. Not saved.
-
-    Raises:
-        ValueError: no configs, world sizes differ or are < 2, or a config the DDP worker
-            rejects (before any process starts).
-    """
-    from perflab.distributed import default_backend, launch_fn
-    from perflab.distributed.ddp import check_ddp_config
-
-    configs = list(configs)
-    if not configs or any(not isinstance(c, RunConfig) for c in configs):
-        raise ValueError("configs must be a non-empty list of RunConfig")
-    sizes = {c.world_size for c in configs}
-    devices = {c.device for c in configs}
-    if len(sizes) != 1 or min(sizes) < 2 or len(devices) != 1:
-        raise ValueError(f"all configs need the same world_size >= 2 and device, got "
-                         f"world sizes {sorted(sizes)} and devices {sorted(devices)}")
-    backend = default_backend(configs[0].device)
-    for c in configs:
-        check_ddp_config(c, backend)
-    per_rank = launch_fn(sweep_on_rank, configs[0].world_size, args=(configs, progress),
-                         backend=backend, device=configs[0].device, timeout_s=timeout_s,
-                         threads_per_rank=configs[0].threads or 1)
-    return [[per_rank[r][i] for r in range(len(per_rank))] for i in range(len(configs))]
-
-
-def _seed(panel: Any, base: RunConfig, baseline_result: RunResult | None) -> Any:
-    if baseline_result is not None:
-        if not isinstance(baseline_result, RunResult) or baseline_result.config != base:
-            raise ValueError("baseline_result must be a RunResult measured with exactly "
-                             "`base` (e.g. rank 0 of launch_sweep([base, ...])); got one for "
-                             f"{getattr(baseline_result, 'label', baseline_result)!r}")
-        panel.baseline_result = baseline_result  # a click then launches the variant only
-    return panel
-
-
-def bucket_panel(base: RunConfig, choices_mb: Sequence[float] = (1, 5, 25, 100), *,
-                 baseline_result: RunResult | None = None):
-    """Experiment panel: DDP step of ``base`` vs the same with another ``bucket_cap_mb``
-    (:func:`perflab.widgets.experiment_panel`; each run launches ``base.world_size``
-    ranks). ``baseline_result``: ``base`` already measured (rank 0), so a click costs
-    one launch instead of two.
-
-    Raises:
-        ValueError: ``baseline_result`` was not measured with ``base``; bad knobs.
-    """
-    from perflab.widgets import experiment_panel
-
-    choices = sorted({float(c) for c in choices_mb} | {float(base.bucket_cap_mb)})
-    panel = experiment_panel(base, {"bucket_cap_mb": choices}, run_fn=run_ddp,
-                             progress=False, title=f"Bucket size ({base.display_label()})")
-    return _seed(panel, base, baseline_result)
-
-
-def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1gbe"), *,
-               baseline_result: RunResult | None = None):
-    """Experiment panel: DDP step of ``base`` vs the same on another simulated link preset
-    (:data:`perflab.link.LINK_PRESETS`); ``baseline_result`` as in :func:`bucket_panel`.
-
-    Raises:
-        ValueError: unknown preset; ``baseline_result`` not measured with ``base``.
-    """
-    from perflab.link import SimulatedLink
-    from perflab.widgets import experiment_panel
-
-    links = [SimulatedLink.preset(p) for p in presets]
-    if base.link not in links:  # the baseline must be selectable (None = real backend)
-        links.insert(0, base.link)
-    panel = experiment_panel(base, {"link": links}, run_fn=run_ddp, progress=False,
-                             title="Simulated link preset")
-    return _seed(panel, base, baseline_result)

@@ -1,17 +1,10 @@
 """Before/after plots of :class:`~perflab.result.RunResult` objects.
 
-Every function builds :class:`matplotlib.figure.Figure` objects directly: no pyplot, no
-global state, no backend switching, so importing this module or plotting from a widget
-callback never touches a notebook's own figures. The figures returned by
-:func:`plot_comparison` show themselves in Jupyter (they carry ``_repr_png_``), and
-:func:`figure_to_png` turns any figure into PNG bytes (for ``ipywidgets.Image``).
-
-Colours are fixed per phase (:data:`PHASE_COLORS`, the colour-blind-safe Okabe-Ito
-palette), so "data" is the same orange-red in every plot of every lab.
+Every function returns a :class:`perflab.figures.InlineFigure` (shows itself in Jupyter,
+no pyplot) with the fixed per-phase colours of :data:`perflab.figures.PHASE_COLORS`.
 """
 from __future__ import annotations
 
-import io
 import math
 import textwrap
 from typing import Sequence
@@ -19,29 +12,14 @@ from typing import Sequence
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from perflab.figures import PHASE_COLORS, InlineFigure, figure_to_png, new_ax
 from perflab.result import PHASES, RunResult
 
-__all__ = ["plot_phases", "plot_throughput", "plot_comparison", "figure_to_png",
-           "PHASE_COLORS"]
+__all__ = ["plot_phases", "plot_throughput", "plot_comparison"]
 
-#: One colour per phase, the same in every perflab plot (Okabe-Ito palette).
-PHASE_COLORS: dict[str, str] = {
-    "data": "#D55E00",       # vermillion: waiting for input stands out
-    "forward": "#0072B2",    # blue
-    "backward": "#56B4E9",   # sky blue
-    "optimizer": "#009E73",  # bluish green
-    "other": "#B0B0B0",      # grey: loop overhead between phases
-}
 _BASELINE_COLOR = "#999999"
 _VARIANT_COLOR = "#0072B2"
 _LABEL_WIDTH = 24  # characters per line of a bar label before it wraps
-
-
-class _InlineFigure(Figure):
-    """A Figure that displays itself as PNG in Jupyter without pyplot."""
-
-    def _repr_png_(self) -> bytes:
-        return figure_to_png(self)
 
 
 def _check(results: Sequence[RunResult], what: str) -> list[RunResult]:
@@ -54,12 +32,6 @@ def _check(results: Sequence[RunResult], what: str) -> list[RunResult]:
 
 def _wrap(label: str) -> str:
     return "\n".join(textwrap.wrap(label, _LABEL_WIDTH)) or label
-
-
-def _new_ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
-    if ax is not None:
-        return ax
-    return _InlineFigure(figsize=figsize, layout="constrained").add_subplot()
 
 
 def plot_phases(results: Sequence[RunResult], ax: Axes | None = None) -> Figure:
@@ -83,7 +55,7 @@ def plot_phases(results: Sequence[RunResult], ax: Axes | None = None) -> Figure:
         ValueError: ``results`` is empty.
     """
     results = _check(results, "plot_phases")
-    ax = _new_ax(ax, (6.0, 1.2 + 0.6 * len(results)))
+    ax = new_ax(ax, (6.0, 1.2 + 0.6 * len(results)))
     ys = list(range(len(results)))
     left = [0.0] * len(results)
     for phase in (*PHASES, "other"):
@@ -129,7 +101,7 @@ def plot_throughput(results: Sequence[RunResult], ax: Axes | None = None) -> Fig
         ValueError: ``results`` is empty.
     """
     results = _check(results, "plot_throughput")
-    ax = _new_ax(ax, (6.0, 1.2 + 0.6 * len(results)))
+    ax = new_ax(ax, (6.0, 1.2 + 0.6 * len(results)))
     ys = list(range(len(results)))
     sps = [r.samples_per_s for r in results]
     lo_err, hi_err, bounded = [], [], []
@@ -181,7 +153,7 @@ def plot_comparison(results: Sequence[RunResult], title: str | None = None) -> F
         ValueError: ``results`` is empty.
     """
     results = _check(results, "plot_comparison")
-    fig = _InlineFigure(figsize=(11.0, max(4.0, 1.8 + 0.6 * len(results))),
+    fig = InlineFigure(figsize=(11.0, max(4.0, 1.8 + 0.6 * len(results))),
                         layout="constrained")
     ax_phase, ax_tput = fig.subplots(1, 2, sharey=True)
     plot_phases(results, ax=ax_phase)
@@ -191,16 +163,3 @@ def plot_comparison(results: Sequence[RunResult], title: str | None = None) -> F
                      + (" ..." if len(results) > 3 else ""))
     fig.suptitle(f"{head} {_device_text(results)}", fontsize="large")
     return fig
-
-
-def figure_to_png(fig: Figure, dpi: int = 100) -> bytes:
-    """PNG bytes of ``fig`` at ``dpi`` dots per inch (white background).
-
-    Raises:
-        ValueError: ``dpi`` is not positive.
-    """
-    if not dpi > 0:
-        raise ValueError(f"dpi must be > 0, got {dpi!r}")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
-    return buf.getvalue()

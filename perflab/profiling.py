@@ -31,8 +31,9 @@ from perflab.result import RunResult, default_results_dir
 from perflab.trace import load_trace, phase_times
 
 __all__ = ["profile", "ProfileSummary", "cprofile_loader", "line_profile_dataset",
-           "memory_profile_step", "diagnose", "Diagnosis", "TOP_OPS_COLUMNS"]
+           "memory_profile_step", "TOP_OPS_COLUMNS"]
 
+#: Columns of :attr:`ProfileSummary.top_ops` (times in milliseconds, shares in percent).
 TOP_OPS_COLUMNS = ("name", "calls", "self_cpu_ms", "cpu_total_ms", "self_cpu_pct",
                    "self_device_ms", "device_total_ms")
 @dataclass(frozen=True, eq=False)

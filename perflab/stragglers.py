@@ -1,6 +1,6 @@
 """Stragglers: one slow rank slows every rank. The injected fault, its cost, its detection.
 
-A :class:`Straggler` is a deliberate, labelled delay on one rank at one point of the
+A :class:`perflab.straggler.Straggler` is a deliberate, labelled delay on one rank at one point of the
 training step (STYLE: faults are injected on purpose and labelled).
 
 Synchronous data parallelism runs at the pace of the slowest rank: every rank waits in
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Straggler", "STRAGGLER_WHERE", "StragglerVerdict", "detect_stragglers",
+
+__all__ = ["StragglerVerdict", "detect_stragglers",
            "predicted_throughput_loss", "predicted_slowdown", "ThroughputLoss",
            "measured_throughput_loss", "ratio_to_median_with_self", "max_abs_zscore",
            "max_zscore_bound", "DETECT_THRESHOLD", "DETECT_K", "DETECT_N"]
@@ -29,59 +30,6 @@ __all__ = ["Straggler", "STRAGGLER_WHERE", "StragglerVerdict", "detect_straggler
 DETECT_THRESHOLD = 0.10
 DETECT_K = 6
 DETECT_N = 10
-
-#: Where in the step the delay is slept: before the forward pass, between forward and
-#: backward, or while loading the batch (inside the data phase).
-STRAGGLER_WHERE = ("before_forward", "before_backward", "data")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Straggler:
-    """A delay injected on one rank, every step (sleeping, so no CPU is burned).
-
-    Attributes:
-        rank: the slow rank (0 <= rank < world_size).
-        delay_s: seconds added per step; or
-        delay_frac: a fraction of the rank's own compute step (forward + backward +
-            optimizer, median of the warm-up steps), e.g. 0.2 = 20 % slower.
-            Exactly one of ``delay_s`` / ``delay_frac`` is set.
-        where: "before_forward", "before_backward" or "data".
-
-    Raises:
-        ValueError: a negative rank or delay, both or neither delay given, an unknown
-            ``where``.
-    """
-
-    rank: int
-    delay_s: float | None = None
-    delay_frac: float | None = None
-    where: Literal["before_forward", "before_backward", "data"] = "before_forward"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
-            raise ValueError(f"Straggler.rank must be an int >= 0, got {self.rank!r}")
-        if (self.delay_s is None) == (self.delay_frac is None):
-            raise ValueError("Straggler needs exactly one of delay_s (seconds) or delay_frac "
-                             f"(fraction of the step); got delay_s={self.delay_s!r}, "
-                             f"delay_frac={self.delay_frac!r}")
-        for name in ("delay_s", "delay_frac"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
-                                  or v < 0):
-                raise ValueError(f"Straggler.{name} must be a number >= 0, got {v!r}")
-        if self.where not in STRAGGLER_WHERE:
-            raise ValueError(f"Straggler.where must be one of {STRAGGLER_WHERE}, "
-                             f"got {self.where!r}")
-
-    def describe(self) -> str:
-        """``"straggler rank 1 +50 ms before_forward"`` or ``"... +20 % of step ..."``."""
-        amount = (f"+{self.delay_s * 1e3:g} ms" if self.delay_s is not None
-                  else f"+{self.delay_frac * 100:g} % of step")
-        return f"straggler rank {self.rank} {amount} {self.where}"
-
-    def __str__(self) -> str:
-        return self.describe()
-
 
 # -- the cost: prediction and measurement ------------------------------------------------
 def _check_times(step_s: float, delay_s: float) -> None:

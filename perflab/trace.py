@@ -19,7 +19,7 @@ this machine and traces recorded elsewhere (for example on a GPU cluster).
 :func:`load_ranks` reads one trace per rank and prepares each as Meta's
 HolisticTraceAnalysis (HTA, github.com/facebookresearch/HolisticTraceAnalysis,
 ``hta/common/trace.py``, ``trace_parser.py``, ``trace_filter.py``) does, so that
-:mod:`perflab.trace_analysis` (re-exported here) gets HTA's numbers:
+:mod:`perflab.trace_analysis` (built on this module) gets HTA's numbers:
 
 * events with a duration and a category, except category ``Trace``; when a GPU trace's
   timestamps are floats (nanosecond-resolution Kineto), each event is rounded inwards to
@@ -46,16 +46,9 @@ import numpy as np
 import pandas as pd
 
 from perflab.result import PHASES
-# Re-exported so that perflab.trace is the one place to look; trace_analysis imports this
-# module only inside its functions, so either module may be imported first.
-from perflab.trace_analysis import (comm_comp_overlap, idle_time_breakdown,
-                                    phase_breakdown, plot_breakdown, temporal_breakdown)
 
 __all__ = ["load_trace", "events_frame", "phase_times", "load_ranks", "RankTrace",
-           "PHASE_PREFIX", "EVENT_COLUMNS", "PHASE_COLUMNS",
-           # the analyses, from perflab.trace_analysis
-           "temporal_breakdown", "comm_comp_overlap", "idle_time_breakdown",
-           "phase_breakdown", "plot_breakdown"]
+           "PHASE_PREFIX", "EVENT_COLUMNS", "PHASE_COLUMNS"]
 
 #: Name prefix of PhaseTimer's ranges (``PhaseTimer.PREFIX``).
 PHASE_PREFIX = "perflab:"

@@ -21,17 +21,16 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-if TYPE_CHECKING:
-    from perflab.trace import RankTrace
 
-from perflab.plots import figure_to_png
+from perflab.figures import InlineFigure
+from perflab.trace import RankTrace, load_ranks, phase_times
 
 __all__ = ["temporal_breakdown", "comm_comp_overlap", "idle_time_breakdown",
            "phase_breakdown", "plot_breakdown", "TEMPORAL_COLUMNS", "OVERLAP_COLUMNS",
@@ -65,9 +64,8 @@ _COLORS = {"compute": "#0072B2", "non_compute": "#E69F00", "idle": "#B0B0B0"}
 Ranks = Union[str, os.PathLike[str], Mapping[Any, Any], Iterable[Any]]
 
 
-def _load(source: Ranks) -> dict[int, "RankTrace"]:
+def _load(source: Ranks) -> dict[int, RankTrace]:
     # Imported here, not at the top, because perflab.trace re-exports this module.
-    from perflab.trace import load_ranks
     return load_ranks(source)
 
 
@@ -114,13 +112,13 @@ def _kernel_type(names: pd.Series) -> pd.Series:
     return names.map(dict(zip(uniq, kind)))
 
 
-def _rows(ranks: Mapping[int, "RankTrace"], fn: Callable[["RankTrace"], tuple],
+def _rows(ranks: Mapping[int, RankTrace], fn: Callable[[RankTrace], tuple],
           columns: Iterable[str]) -> pd.DataFrame:
     return pd.DataFrame([fn(rt) for rt in ranks.values()], columns=list(columns),
                         index=pd.Index(list(ranks), name="rank"))
 
 
-def _temporal(rt: "RankTrace") -> tuple:
+def _temporal(rt: RankTrace) -> tuple:
     ev = rt.events
     if rt.on_gpu:
         dev = ev[ev["stream"] != -1]
@@ -174,7 +172,7 @@ def temporal_breakdown(source: Ranks
     return _rows(_load(source), _temporal, TEMPORAL_COLUMNS)
 
 
-def _overlap(rt: "RankTrace") -> tuple:
+def _overlap(rt: RankTrace) -> tuple:
     if not rt.on_gpu:
         return ("cpu", math.nan, math.nan, math.nan,
                 f"{_CPU_ONLY}: not applicable, gloo runs collectives on background "
@@ -210,7 +208,7 @@ def comm_comp_overlap(source: Ranks
     return _rows(_load(source), _overlap, OVERLAP_COLUMNS)
 
 
-def _idle_by_stream(rt: "RankTrace", delay_us: float) -> pd.DataFrame:
+def _idle_by_stream(rt: RankTrace, delay_us: float) -> pd.DataFrame:
     ev = rt.events
     host = ev[~ev["on_device"] & (ev["correlation"] != -1)]
     launch_ts = host.drop_duplicates("correlation", keep="last").set_index(
@@ -225,7 +223,7 @@ def _idle_by_stream(rt: "RankTrace", delay_us: float) -> pd.DataFrame:
     return table.reindex(columns=list(IDLE_CATEGORIES), fill_value=0.0)
 
 
-def _idle(rt: "RankTrace", delay_us: float, by_stream: bool):
+def _idle(rt: RankTrace, delay_us: float, by_stream: bool):
     if not rt.on_gpu:
         note = (f"{_CPU_ONLY}: not applicable, host wait / kernel wait are gaps between "
                 "kernels on a device stream")
@@ -302,18 +300,12 @@ def phase_breakdown(source: Ranks) -> pd.DataFrame:
     Raises:
         see :func:`perflab.trace.load_ranks`.
     """
-    from perflab.trace import phase_times  # see _load
     ranks = _load(source)
     per_rank = {r: phase_times(rt.trace)["per_step_ms"] for r, rt in ranks.items()}
     df = pd.DataFrame(per_rank).T if any(len(s) for s in per_rank.values()) else \
         pd.DataFrame(index=list(per_rank))
     df.index.name, df.columns.name = "rank", "phase"
     return df.astype("float64")
-
-
-class _InlineFigure(Figure):  # shows itself in Jupyter without pyplot (as perflab.plots)
-    def _repr_png_(self) -> bytes:
-        return figure_to_png(self)
 
 
 def plot_breakdown(temporal: pd.DataFrame, ax: Axes | None = None) -> Figure:
@@ -337,7 +329,7 @@ def plot_breakdown(temporal: pd.DataFrame, ax: Axes | None = None) -> Figure:
         raise ValueError("plot_breakdown needs the non-empty DataFrame that "
                          f"temporal_breakdown() returns (columns {need})")
     if ax is None:
-        ax = _InlineFigure(figsize=(6.0, 1.4 + 0.5 * len(temporal)),
+        ax = InlineFigure(figsize=(6.0, 1.4 + 0.5 * len(temporal)),
                            layout="constrained").add_subplot()
     ys = np.arange(len(temporal))
     left = np.zeros(len(temporal))

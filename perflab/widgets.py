@@ -23,7 +23,8 @@ import ipywidgets as W
 
 from perflab.config import RunConfig
 from perflab.measurement import compare, compare_table
-from perflab.plots import figure_to_png, plot_comparison
+from perflab.figures import figure_to_png
+from perflab.plots import plot_comparison
 from perflab.result import RunResult
 from perflab.timing import Stopwatch
 

@@ -6,7 +6,8 @@ import pytest
 import torch.distributed as dist
 
 from perflab.collectives import (algbw_bytes_per_s, allreduce_sweep, busbw_bytes_per_s,
-                                 fit_alpha_beta, plot_alpha_beta, timed_allreduce_buckets)
+                                 fit_alpha_beta, plot_alpha_beta)
+from perflab.distributed.ddp import timed_allreduce_buckets
 from perflab.link import SimulatedLink
 
 SIZES = np.array([2 ** k for k in range(10, 27, 2)], dtype=float)  # 1 KiB .. 64 MiB

@@ -6,7 +6,7 @@ import pytest
 
 from perflab import RunConfig, RunResult
 from perflab.link import LINK_PRESETS, SimulatedLink
-from perflab.stragglers import Straggler
+from perflab.straggler import Straggler
 from tests.synthetic import synthetic_result
 
 ONE_GBE = SimulatedLink.preset("1gbe")

@@ -24,9 +24,9 @@ from perflab.distributed import faults
 from perflab.distributed.__main__ import main, parse_straggler
 from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import _innermost_frame
-from perflab.distributed.plots import plot_loss_vs_prediction, plot_rank_timeline
+from perflab.rank_plots import plot_loss_vs_prediction, plot_rank_timeline
 from perflab.link import SimulatedLink
-from perflab.stragglers import Straggler
+from perflab.straggler import Straggler
 from perflab.timing import Stopwatch
 from tests.synthetic import synthetic_result
 

@@ -10,7 +10,8 @@ import torch
 
 from perflab.cli import main
 from perflab.config import RunConfig
-from perflab.ladder import (RUNGS, SIZES, checkpointed_batch_size, climb, ladder_panel,
+from perflab.panels import ladder_panel
+from perflab.ladder import (RUNGS, SIZES, checkpointed_batch_size, climb,
                             naive_config, per_sample, rung_config)
 from perflab.ladder_report import TABLE_COLUMNS
 from perflab.measurement import Measurement, compare

@@ -115,7 +115,7 @@ def test_run_ddp_needs_two_ranks():
 
 
 def test_panels_take_a_premeasured_baseline():
-    from perflab.overlap import bucket_panel, link_panel
+    from perflab.panels import bucket_panel, link_panel
 
     rec = fake_result(bucket_cap_mb=25.0)
     for make in (bucket_panel, link_panel):

@@ -24,9 +24,9 @@ import pandas as pd
 import pytest
 
 from perflab.result import PHASES
-from perflab.trace import (RankTrace, comm_comp_overlap, idle_time_breakdown, load_ranks,
-                           load_trace, phase_breakdown, phase_times, plot_breakdown,
-                           temporal_breakdown)
+from perflab.trace import RankTrace, load_ranks, load_trace, phase_times
+from perflab.trace_analysis import (comm_comp_overlap, idle_time_breakdown, phase_breakdown,
+                                    plot_breakdown, temporal_breakdown)
 from perflab.trace_analysis import IDLE_COLUMNS, OVERLAP_COLUMNS, TEMPORAL_COLUMNS
 from tests.synthetic import record_tiny_cpu_trace
 

@@ -10,11 +10,13 @@ rank 0 prints a table of all ranks::
 
 (multi-node: ``--nnodes N --node_rank i --rdzv_backend c10d --rdzv_endpoint HOST:PORT``,
 ``--nproc_per_node`` = GPUs per node; ``--world-size`` must equal nnodes x nproc).
-Without torchrun it starts the ranks itself with :func:`perflab.distributed.launch`.
+Without torchrun it starts the ranks itself with :func:`perflab.distributed.launch`;
+``perflab run --world-size N`` takes the same path (:func:`run_ranks`).
 
-Flags: every ``RunConfig`` field (as ``perflab run`` takes them); ``--link`` takes a
-preset name (``1gbe``, ``10gbe``, ``ib100``, ``nvlink``) and ``--straggler`` takes
-``RANK:DELAY_S[:WHERE]`` (e.g. ``1:0.05:before_forward``).
+Flags: every ``RunConfig`` field, as ``perflab run`` takes them
+(:func:`perflab.cli.add_config_flags`); ``--link`` takes a preset name (``1gbe``,
+``10gbe``, ``ib100``, ``nvlink``) and ``--straggler`` takes ``RANK:DELAY_S[:WHERE]``
+(e.g. ``1:0.05:before_forward``).
 """
 from __future__ import annotations
 
@@ -25,27 +27,9 @@ from datetime import timedelta
 
 import pandas as pd
 
-__all__ = ["main", "parse_straggler", "summary_table"]
+from perflab.cli import add_config_flags, config_from_args, parse_straggler
 
-
-def parse_straggler(text: str):
-    """``"RANK:DELAY_S[:WHERE]"`` -> :class:`perflab.stragglers.Straggler`.
-
-    Raises:
-        ValueError: not of that form (the message shows an example).
-    """
-    from perflab.stragglers import Straggler
-
-    parts = text.split(":")
-    try:
-        rank, delay = int(parts[0]), float(parts[1])
-    except (IndexError, ValueError):
-        raise ValueError(f"--straggler must be RANK:DELAY_S[:WHERE], e.g. "
-                         f"1:0.05:before_forward; got {text!r}") from None
-    if len(parts) > 3:
-        raise ValueError(f"--straggler must be RANK:DELAY_S[:WHERE], got {text!r}")
-    return Straggler(rank=rank, delay_s=delay, where=parts[2] if len(parts) == 3
-                     else "before_forward")
+__all__ = ["main", "build_parser", "parse_straggler", "run_ranks", "summary_table"]
 
 
 def summary_table(results) -> pd.DataFrame:
@@ -59,12 +43,11 @@ def summary_table(results) -> pd.DataFrame:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from perflab.cli import _add_config_flags
-
+    """The flags of ``python -m perflab.distributed`` (RunConfig's, as ``perflab run``)."""
     p = argparse.ArgumentParser(prog="python -m perflab.distributed",
                                 description="Data-parallel perflab run (DDP), one "
                                 "RunResult per rank; also runs under torchrun.")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--timeout-s", type=float, default=600.0,
                    help="stop ranks still running after this many seconds")
     p.add_argument("--no-save", action="store_true", help="do not write results/*.json")
@@ -72,32 +55,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config(args: argparse.Namespace):
-    from perflab.cli import _config_from
-    from perflab.link import SimulatedLink
+def run_ranks(config, *, timeout_s: float = 600.0, progress: bool = True,
+              save: bool = True) -> int:
+    """Run ``config`` on ``config.world_size`` ranks and print one row per rank.
 
-    if isinstance(getattr(args, "link", None), str):
-        args.link = None if args.link in ("none", "off") else SimulatedLink.preset(args.link)
-    if isinstance(getattr(args, "straggler", None), str):
-        args.straggler = None if args.straggler in ("none", "off") \
-            else parse_straggler(args.straggler)
-    return _config_from(args)
+    Under ``torchrun`` (``RANK`` set) this process is one rank and rank 0 prints the
+    table; otherwise :func:`perflab.distributed.launch` starts the ranks here.
 
+    Returns:
+        The exit status: 0, 1 when a rank failed or timed out, 2 when torchrun started
+        a different number of ranks than ``config.world_size`` (each with a message on
+        stderr).
+    """
+    from perflab.distributed.launch import LaunchTimeoutError, RankFailedError
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        config = _config(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     if "RANK" not in os.environ:  # not under torchrun: start the ranks ourselves
         from perflab.distributed import launch
 
-        results = launch(config, timeout_s=args.timeout_s, progress=not args.quiet,
-                         save=not args.no_save)
+        try:
+            results = launch(config, timeout_s=timeout_s, progress=progress, save=save)
+        except (RankFailedError, LaunchTimeoutError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"{config.display_label()}: {config.world_size} ranks, backend "
+              f"{results[0].extra.get('backend', '?')}")
         print(summary_table(results).to_string())
         return 0
+    return _torchrun_rank(config, timeout_s=timeout_s, progress=progress, save=save)
+
+
+def _torchrun_rank(config, *, timeout_s: float, progress: bool, save: bool) -> int:
+    """This process is one rank that torchrun started (RANK, WORLD_SIZE, LOCAL_RANK)."""
     import torch
     import torch.distributed as dist
 
@@ -115,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(config.threads or 1)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     try:
-        result = ddp_worker(config, progress=not args.quiet)
-        if not args.no_save:
+        result = ddp_worker(config, progress=progress)
+        if save:
             result = result.save()
         gathered = [None] * world_size
         dist.all_gather_object(gathered, result)
@@ -132,6 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{config.display_label()}: {world_size} ranks, backend {backend}")
         print(summary_table(gathered).to_string())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m perflab.distributed [flags]``; returns the exit status (2: bad flags)."""
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run_ranks(config, timeout_s=args.timeout_s, progress=not args.quiet,
+                     save=not args.no_save)
 
 
 if __name__ == "__main__":

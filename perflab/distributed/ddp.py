@@ -12,16 +12,21 @@
 """
 from __future__ import annotations
 
+import math
 import re
-from typing import Any
+import time
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from perflab.config import RunConfig
+from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink
+from perflab.timing import PerfCounterClock
 
-__all__ = ["check_ddp_config", "wrap_ddp", "ddp_buckets", "bucket_params", "allreduce_by_bucket",
+__all__ = ["check_compression", "timed_allreduce_buckets", "check_ddp_config", "wrap_ddp", "ddp_buckets", "bucket_params", "allreduce_by_bucket",
            "COMPRESSION_DTYPES"]
 
 #: comm_hook -> dtype the gradients are cast to before the allreduce (None = fp32).
@@ -151,3 +156,68 @@ def allreduce_by_bucket(buckets: list[list[torch.nn.Parameter]], *,
         work.wait()
         for g, v in zip(grads, torch._utils._unflatten_dense_tensors(send, grads)):
             g.copy_(v)
+
+
+def check_compression(compression: str) -> None:
+    """Raise ValueError unless ``compression`` is a key of :data:`perflab.link.COMPRESSIONS`."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {tuple(COMPRESSIONS)}, "
+                         f"got {compression!r}")
+
+
+def _message(nbytes: int, compression: str) -> torch.Tensor:
+    """A flat tensor standing for ``nbytes`` of fp32 gradients, cast as the hook would."""
+    dtype = COMPRESSIONS[compression] or torch.float32
+    return torch.ones(max(1, math.ceil(nbytes / 4)), dtype=dtype)
+
+
+def timed_allreduce_buckets(bucket_nbytes: Sequence[int], *, link: SimulatedLink | None = None,
+                            compression: str = "none", group=None) -> float:
+    """Seconds to allreduce one step's gradient buckets, in order, with nothing else running.
+
+    Call on every rank of an initialised process group. After a barrier, every bucket is
+    allreduced asynchronously in order (as DDP issues them once all are ready) and waited
+    for; with ``link`` each bucket is also booked on a :class:`~perflab.link.LinkModel`
+    (all handed to the link at the start, so they queue: ``sum(alpha + n_i / beta)``) and
+    the call returns no earlier than the last modelled completion (sleeping, not spinning).
+
+    Args:
+        bucket_nbytes: fp32 gradient bytes of each bucket (DDP's bucket sizes), each >= 1.
+        link: the simulated link, or None for the real backend alone.
+        compression: "none", "fp16" or "bf16": messages are cast first (half the bytes).
+        group: process group (None = WORLD).
+
+    Returns:
+        Seconds (float) from the barrier to this rank's last completion.
+
+    Raises:
+        ValueError: empty or non-positive sizes, unknown compression, a link that is not
+            a SimulatedLink, or torch.distributed not initialised.
+    """
+    sizes = list(bucket_nbytes)
+    if not sizes or any(not isinstance(n, (int, np.integer)) or n < 1 for n in sizes):
+        raise ValueError(f"bucket_nbytes must be a non-empty list of ints >= 1 (bytes per "
+                         f"bucket), got {bucket_nbytes!r}")
+    check_compression(compression)
+    if link is not None and not isinstance(link, SimulatedLink):
+        raise ValueError(f"link must be None or a SimulatedLink, got {link!r}")
+    if not dist.is_initialized():
+        raise ValueError("torch.distributed is not initialised; run this on every rank "
+                         "(e.g. through perflab.distributed.launch_fn)")
+    tensors = [_message(n, compression) for n in sizes]
+    clock = PerfCounterClock()
+    model = (LinkModel(link, world_size=dist.get_world_size(group), clock=clock)
+             if link is not None else None)
+    dist.barrier(group)
+    t0 = clock.now()
+    works, last_done = [], t0
+    for t in tensors:
+        if model is not None:
+            _, last_done = model.schedule(t.numel() * t.element_size())
+        works.append(dist.all_reduce(t, group=group, async_op=True))
+    for w in works:
+        w.wait()
+    wait_s = last_done - clock.now()
+    if wait_s > 0:
+        time.sleep(wait_s)
+    return clock.now() - t0

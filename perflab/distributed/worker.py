@@ -55,6 +55,7 @@ from perflab.result import RunResult
 from perflab.timing import PhaseTimer, Stopwatch
 from perflab.train import AMP_DTYPES, build_training
 from perflab.distributed.ddp import (allreduce_by_bucket, bucket_params, ddp_buckets,
+                                     timed_allreduce_buckets,
                                      wrap_ddp)
 
 __all__ = ["ddp_worker", "rank_device", "total_steps"]
@@ -174,7 +175,6 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
         "per_step" (None without a straggler), "all_ranks_compute_s", "backend",
         "world_size", "data_seed", "param_checksum" (sum of all parameters at the end).
     """
-    from perflab.collectives import timed_allreduce_buckets
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     wall = Stopwatch().start()

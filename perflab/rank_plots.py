@@ -2,7 +2,7 @@
 
 Figures are built directly (no pyplot), like :mod:`perflab.plots`, and show themselves in
 Jupyter. Colours: compute in the forward-pass blue, waiting in the collective in the
-data-wait vermillion of :data:`perflab.plots.PHASE_COLORS`.
+data-wait vermillion of :data:`perflab.figures.PHASE_COLORS`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from perflab.plots import PHASE_COLORS, _InlineFigure
+from perflab.figures import PHASE_COLORS, InlineFigure
 from perflab.result import RunResult
 
 __all__ = ["plot_rank_timeline", "plot_loss_vs_prediction"]
@@ -34,7 +34,7 @@ def plot_rank_timeline(results: Sequence[RunResult], title: str | None = None) -
     if not results or any(r.extra.get("per_step") is None for r in results):
         raise ValueError("plot_rank_timeline needs every rank's RunResult of a straggler "
                          "run (extra['per_step']); launch with straggler=Straggler(...)")
-    fig = _InlineFigure(figsize=(9, 0.8 + 0.7 * len(results)), layout="constrained")
+    fig = InlineFigure(figsize=(9, 0.8 + 0.7 * len(results)), layout="constrained")
     ax = fig.add_subplot()
     for row, r in enumerate(results):
         ps, t = r.extra["per_step"], 0.0
@@ -73,7 +73,7 @@ def plot_loss_vs_prediction(delays_s: Sequence[float], measured: Sequence[Sequen
     if not (len(delays_s) == len(measured) == len(predicted)) or not delays_s:
         raise ValueError("delays_s, measured and predicted need one entry per delay, got "
                          f"{len(delays_s)}, {len(measured)}, {len(predicted)}")
-    fig = _InlineFigure(figsize=(6, 4), layout="constrained")
+    fig = InlineFigure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
     ms = [d * 1e3 for d in delays_s]
     order = sorted(range(len(ms)), key=ms.__getitem__)  # the line from delay 0 upward

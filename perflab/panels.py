@@ -1,0 +1,147 @@
+"""The lab panels that are not a plain before/after :func:`perflab.widgets.experiment_panel`.
+
+* :func:`bucket_panel`, :func:`link_panel` (Lab 06): a DDP run of ``base`` vs another
+  ``bucket_cap_mb`` / simulated link preset; each press of Run launches the ranks.
+* :func:`ladder_panel` (Lab 08): a checkbox per ladder rung and a waterfall plot.
+
+Every panel is a ``.perflab-panel`` with a ``.perflab-run`` button, an
+``img.perflab-plot`` and a ``.perflab-error`` box (what the browser tests look for).
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Sequence
+
+from perflab.config import RunConfig
+from perflab.figures import figure_to_png
+from perflab.ladder import RUNGS, climb, naive_config, validate_climb
+from perflab.ladder_report import Ladder
+from perflab.link import SimulatedLink
+from perflab.overlap import run_ddp
+from perflab.result import RunResult
+from perflab.widgets import experiment_panel
+
+__all__ = ["bucket_panel", "link_panel", "ladder_panel"]
+
+
+def _seed(panel: Any, base: RunConfig, baseline_result: RunResult | None) -> Any:
+    if baseline_result is not None:
+        if not isinstance(baseline_result, RunResult) or baseline_result.config != base:
+            raise ValueError("baseline_result must be a RunResult measured with exactly "
+                             "`base` (e.g. rank 0 of launch_sweep([base, ...])); got one for "
+                             f"{getattr(baseline_result, 'label', baseline_result)!r}")
+        panel.baseline_result = baseline_result  # a click then launches the variant only
+    return panel
+
+
+def bucket_panel(base: RunConfig, choices_mb: Sequence[float] = (1, 5, 25, 100), *,
+                 baseline_result: RunResult | None = None):
+    """Experiment panel: DDP step of ``base`` vs the same with another ``bucket_cap_mb``
+    (:func:`perflab.widgets.experiment_panel`; each run launches ``base.world_size``
+    ranks). ``baseline_result``: ``base`` already measured (rank 0), so a click costs
+    one launch instead of two.
+
+    Raises:
+        ValueError: ``baseline_result`` was not measured with ``base``; bad knobs.
+    """
+    choices = sorted({float(c) for c in choices_mb} | {float(base.bucket_cap_mb)})
+    panel = experiment_panel(base, {"bucket_cap_mb": choices}, run_fn=run_ddp,
+                             progress=False, title=f"Bucket size ({base.display_label()})")
+    return _seed(panel, base, baseline_result)
+
+
+def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1gbe"), *,
+               baseline_result: RunResult | None = None):
+    """Experiment panel: DDP step of ``base`` vs the same on another simulated link preset
+    (:data:`perflab.link.LINK_PRESETS`); ``baseline_result`` as in :func:`bucket_panel`.
+
+    Raises:
+        ValueError: unknown preset; ``baseline_result`` not measured with ``base``.
+    """
+    from perflab.link import SimulatedLink
+    links = [SimulatedLink.preset(p) for p in presets]
+    if base.link not in links:  # the baseline must be selectable (None = real backend)
+        links.insert(0, base.link)
+    panel = experiment_panel(base, {"link": links}, run_fn=run_ddp, progress=False,
+                             title="Simulated link preset")
+    return _seed(panel, base, baseline_result)
+
+
+def ladder_panel(config=None, *, size: str = "tiny", rungs: Sequence[str] | None = None,
+                 rounds: int = 1, progress: bool = True, title: str | None = None):
+    """The Lab 08 panel: a checkbox per rung, a Run button (class ``perflab-run``) in a
+    ``.perflab-panel``; Run climbs the ticked rungs and shows the waterfall as an
+    ``img.perflab-plot`` with the table below. Errors show in the panel.
+
+    Args:
+        config, size, rounds, progress: as :func:`perflab.ladder.climb`.
+        rungs: the rungs ticked at first (default all of ``RUNGS``).
+        title: heading (default "Optimization ladder").
+
+    Returns:
+        A ``LadderPanel`` (displays itself; ``.run()`` does what the button does,
+        ``.ladder`` is the last climb).
+
+    Raises:
+        ValueError: as :func:`perflab.ladder.climb`, before any widget is built.
+    """
+    rungs = list(RUNGS if rungs is None else rungs)
+    validate_climb(rungs, (), rounds, 0.05)
+    config = naive_config(size) if config is None else config
+    return _LadderPanel(config, rungs, rounds, progress, title or "Optimization ladder")
+
+
+class _LadderPanel:
+    """See :func:`ladder_panel` (ipywidgets; its own class because the ladder shows a
+    waterfall of several rungs, not experiment_panel's before/after pair)."""
+
+    def __init__(self, config, rungs: list[str], rounds: int, progress: bool, title: str):
+        import ipywidgets as W
+
+        self.config, self.rounds, self.progress = config, rounds, progress
+        self.ladder: Ladder | None = None
+        self.boxes = {r: W.Checkbox(value=r in rungs, description=r, indent=False)
+                      for r in RUNGS}
+        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
+        self.run_button.add_class("perflab-run")
+        self.run_button.on_click(lambda _b: self.run())
+        self.status, self.error, self.table = W.HTML("ready"), W.HTML(""), W.HTML("")
+        self.error.add_class("perflab-error")
+        self.log = W.Output()
+        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
+        self.image.add_class("perflab-plot")
+        head = W.HTML(f"<h4>{html.escape(title)}</h4><p>Baseline "
+                      f"<code>{html.escape(config.display_label())}</code>; tick the "
+                      "rungs and press <b>Run</b> to climb them on this machine.</p>")
+        self.widget = W.VBox([head, W.HBox(list(self.boxes.values())), self.run_button,
+                              self.status, self.error, self.log, self.image, self.table])
+        self.widget.add_class("perflab-panel")
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def run(self, *, raise_errors: bool = False) -> Ladder | None:
+        """Climb the ticked rungs; returns the Ladder (None if it failed)."""
+        self.run_button.disabled, self.error.value = True, ""
+        self.status.value = "climbing ..."
+        try:
+            ticked = [r for r, box in self.boxes.items() if box.value]
+            with self.log:
+                self.ladder = climb(self.config, rungs=ticked, rounds=self.rounds,
+                                    progress=self.progress)
+            self.image.value = figure_to_png(self.ladder.plot_waterfall())
+            cols = ["rung", "status", "step_time_ms", "samples_per_s", "speedup",
+                    "p_value", "cumulative_speedup", "mfu_pct"]
+            self.table.value = self.ladder.table[cols].to_html(
+                index=False, float_format=lambda v: f"{v:,.3g}", na_rep="–", border=0)
+            self.status.value = html.escape(repr(self.ladder))
+            return self.ladder
+        except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
+            self.error.value = (f'<div style="color:#b00020;font-weight:bold">'
+                                f"{html.escape(f'{type(e).__name__}: {e}')}</div>")
+            self.status.value = "the climb failed; the panel is still usable"
+            if raise_errors:
+                raise
+            return None
+        finally:
+            self.run_button.disabled = False
