@@ -14,7 +14,7 @@ Why this workload: at 64 px and batch 32 per rank a one-thread ResNet-18 step ta
 and communication are comparable and bucket size matters. Optionally (--wan) a third
 sweep on a high-latency link (alpha = 5 ms, 1 Gbit/s), where large buckets win.
 
-All runs of a sweep share one launch (perflab.overlap.launch_sweep). On a shared machine
+All runs of a sweep share one launch (perflab.distributed.launch_sweep). On a shared machine
 run it under the measurement lock:
     flock /tmp/perflab-measure.lock python benchmarks/ddp_overlap.py
 
@@ -30,7 +30,8 @@ import pandas as pd
 
 from perflab.config import RunConfig
 from perflab.link import SimulatedLink
-from perflab.overlap import launch_sweep, overlap_table
+from perflab.distributed import launch_sweep
+from perflab.overlap import overlap_table
 from perflab.timing import Stopwatch
 
 COLUMNS = ["rank", "bucket_cap_mb", "buckets", "forward_ms", "compute_ms", "comm_ms",
@@ -40,7 +41,7 @@ COLUMNS = ["rank", "bucket_cap_mb", "buckets", "forward_ms", "compute_ms", "comm
 def sweep(base: RunConfig, buckets: list[float], link: SimulatedLink | None) -> pd.DataFrame:
     configs = [base.replace(bucket_cap_mb=float(b), link=link) for b in buckets]
     with Stopwatch() as sw:
-        runs = launch_sweep(configs)
+        runs = launch_sweep(configs, save=False)
     table = overlap_table(runs)
     print(f"\n== {table.attrs['title']}: {len(configs)} runs in one launch, "
           f"{sw.elapsed_s:.0f} s ==")

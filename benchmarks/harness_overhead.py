@@ -23,7 +23,7 @@ import torch.utils.benchmark as tbench
 
 from perflab import Measurement, RunConfig, compare, measure, run
 from perflab.data import infinite_batches
-from perflab.train import build_training, train_step
+from perflab.step import build_training, train_step
 
 
 def hand_loop_step_times(config: RunConfig) -> list[float]:

@@ -11,7 +11,8 @@ Layers (each imports only the ones below it; ``tests/test_architecture.py`` chec
 
 * faces: ``cli``, ``widgets``, ``panels``, ``rank_plots``, ``course`` (build, grading)
 * analyses: ``trace``, ``overlap``, ``collectives``, ``stragglers``, ``flops``, ...
-* training: ``train`` (one step for one process and every rank), ``distributed``
+* training: ``step`` (one step for one process and every rank), ``train`` (``run``),
+  ``distributed`` (ranks)
 * core: ``config``, ``timing``, ``measurement``, ``memory``, ``result``, ``env``,
   ``models``, ``data``, ...
 """
@@ -39,7 +40,8 @@ _PUBLIC: dict[str, list[str]] = {
     "figures": ["InlineFigure", "PHASE_COLORS", "figure_to_png", "new_ax"],
     "link": ["BucketRecord", "COMPRESSIONS", "LINK_PRESETS", "LinkHookState", "LinkModel", "SimulatedLink", "link_hook", "register_link_hook", "ring_allreduce_wire_bytes"],
     "straggler": ["STRAGGLER_WHERE", "Straggler"],
-    "train": ["AMP_DTYPES", "build_training", "run", "run_interleaved", "train_step"],
+    "step": ["AMP_DTYPES", "StragglerDelay", "build_model_and_optimizer", "build_training", "make_scaler", "train_step"],
+    "train": ["run", "run_interleaved"],
     "profiling": ["ProfileSummary", "TOP_OPS_COLUMNS", "cprofile_loader", "line_profile_dataset", "memory_profile_step", "profile"],
     "diagnosis": ["COMM_SHARE", "DATA_WAIT_SHARE", "Diagnosis", "MEMORY_FRACTION", "OPTIMIZER_SHARE", "diagnose"],
     "amp": ["Parity", "loss_parity", "op_dtypes", "ops_kept_in_fp32", "plot_parity", "scaler_steps", "scaler_trace"],

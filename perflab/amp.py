@@ -1,7 +1,7 @@
 """Mixed precision, measured: which ops ran in low precision, loss parity, loss scaling.
 
 ``RunConfig.amp`` turns on ``torch.autocast`` (bf16, or fp16 with
-``torch.amp.GradScaler``) inside :func:`perflab.train.train_step`. This module holds
+``torch.amp.GradScaler``) inside :func:`perflab.step.train_step`. This module holds
 what Lab 03 measures about it besides speed:
 
 * :func:`op_dtypes`: every aten op a forward + loss ran, with its input and output
@@ -25,7 +25,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from perflab.config import RunConfig
+from perflab.figures import InlineFigure
+from perflab.loading import BatchStream
 from perflab.result import RunResult
+from perflab.step import AMP_DTYPES, build_training, train_step
 
 __all__ = ["op_dtypes", "ops_kept_in_fp32", "Parity", "loss_parity", "plot_parity",
            "scaler_trace", "scaler_steps"]
@@ -73,8 +76,6 @@ def op_dtypes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     Raises:
         ValueError: unknown ``amp`` mode.
     """
-    from perflab.train import AMP_DTYPES
-
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be one of {tuple(AMP_DTYPES)}, got {amp!r}")
     rec = _DtypeRecorder()
@@ -192,8 +193,6 @@ def loss_parity(reference: RunResult, other: RunResult, *, window: int = 5) -> P
 def plot_parity(parities: list[Parity]):
     """Loss curves (top) and |difference| per step (bottom) for one or more
     :class:`Parity` against the same reference. Returns a Figure that shows itself."""
-    from perflab.figures import InlineFigure
-
     if not parities:
         raise ValueError("plot_parity needs at least one Parity")
     fig = InlineFigure(figsize=(8.0, 5.5), layout="constrained")
@@ -232,8 +231,6 @@ def scaler_steps(model: torch.nn.Module, batches: Iterator[tuple[torch.Tensor, t
         Per step: ``step``, ``loss`` (float), ``scale`` (after ``update``),
         ``skipped`` (bool).
     """
-    from perflab.train import train_step
-
     step_fn = step_fn or train_step
     rows = []
     for i in range(steps):
@@ -257,9 +254,6 @@ def scaler_trace(config: RunConfig, *, steps: int = 50) -> pd.DataFrame:
             a CUDA recipe here; on a CPU use amp="bf16", which needs no scaling), or
             ``steps`` < 1.
     """
-    from perflab.loading import BatchStream
-    from perflab.train import build_training
-
     if config.resolved_device().type != "cuda":
         raise ValueError("scaler_trace needs a CUDA device (fp16 + GradScaler); on this "
                          f"{config.resolved_device().type} use amp='bf16', which has "

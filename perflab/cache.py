@@ -29,13 +29,12 @@ from typing import Literal, Sequence
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 from PIL import Image
 
-from perflab.augment import random_resized_crop_batch
 from perflab.dataset import default_data_root
 from perflab.timing import Stopwatch
 
-# Typed by name only: perflab.data imports this module (cached_batches), not the reverse.
 
 __all__ = ["STORED_SCALE", "stored_size", "decode_stored", "DecodedCache", "get_cache",
            "CachedBatches", "cached_batches", "cache_dir"]
@@ -75,7 +74,7 @@ def cache_dir() -> Path:
     return default_data_root() / "decoded-cache"
 
 
-def _key(dataset: "perflab.data.ImageFolderDataset", size: int) -> str:
+def _key(dataset: Dataset, size: int) -> str:
     """Content key: format, size, and every file's path, byte size and mtime."""
     h = hashlib.sha256(f"v{FORMAT_VERSION} size={size} root={dataset.root.resolve()} "
                        f"split={dataset.split}".encode())
@@ -120,7 +119,7 @@ class DecodedCache:
                 f"{self.size}), {self.nbytes / 2**20:.0f} MiB {where}, {built})")
 
 
-def _decode_all(dataset: "perflab.data.ImageFolderDataset", size: int, out: np.ndarray,
+def _decode_all(dataset: Dataset, size: int, out: np.ndarray,
                 threads: int | None) -> None:
     """Fill ``out[i]`` with sample i, reading files on a thread pool. PIL's decoder and
     resize release the GIL, and so does the simulated storage sleep, so threads overlap
@@ -138,7 +137,7 @@ def _decode_all(dataset: "perflab.data.ImageFolderDataset", size: int, out: np.n
         list(pool.map(one, range(len(dataset.samples))))
 
 
-def get_cache(dataset: "perflab.data.ImageFolderDataset", size: int,
+def get_cache(dataset: Dataset, size: int,
               mode: Literal["memory", "mmap"] = "memory", *,
               threads: int | None = None) -> DecodedCache:
     """The decoded cache of ``dataset`` at stored side ``size``, built if missing.
@@ -244,7 +243,7 @@ class CachedBatches(torch.utils.data.Dataset):
         return f"CachedBatches({self.cache!r})"
 
 
-def cached_batches(dataset: "perflab.data.ImageFolderDataset", image_size: int,
+def cached_batches(dataset: Dataset, image_size: int,
                    mode: Literal["memory", "mmap"]) -> CachedBatches:
     """:class:`CachedBatches` over ``dataset``'s cache for crops of ``image_size``."""
     return CachedBatches(get_cache(dataset, stored_size(image_size), mode))

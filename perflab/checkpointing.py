@@ -29,7 +29,7 @@ from perflab.memory import MIB, SavedTensorsCounter, saved_activation_bytes, ten
 from perflab.models import ResNet
 from perflab.figures import InlineFigure
 from perflab.timing import measure
-from perflab.train import train_step
+from perflab.step import train_step
 from perflab.workloads import training_parts
 
 __all__ = ["SETTINGS", "STAGE_NAMES", "Segment", "segment_plan", "checkpointed_stages",

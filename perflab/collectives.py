@@ -23,9 +23,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from perflab.distributed.ddp import check_compression, timed_allreduce_buckets
 from perflab.distributed import launch_fn
-from perflab.link import SimulatedLink, register_link_hook, ring_allreduce_wire_bytes
+from perflab.distributed.ddp import (check_compression, register_comm_hook,
+                                     timed_allreduce_buckets)
+from perflab.figures import new_ax
+from perflab.link import SimulatedLink, ring_allreduce_wire_bytes
+from perflab.timing import PerfCounterClock
 
 __all__ = ["allreduce_sweep", "sweep_on_rank", "fit_alpha_beta",
            "AlphaBetaFit", "algbw_bytes_per_s", "busbw_bytes_per_s", "plot_alpha_beta",
@@ -194,8 +197,6 @@ def plot_alpha_beta(sweep: pd.DataFrame, fit: AlphaBetaFit, ax=None, title: str 
     ``describe()`` text, or "real gloo loopback") and the fitted alpha, beta and R^2.
     Returns the matplotlib Figure.
     """
-    from perflab.figures import new_ax
-
     ax = new_ax(ax, (6.0, 4.0))
     n = sweep["size_bytes"].to_numpy(float)
     t = sweep["time_s"].to_numpy(float)
@@ -224,7 +225,7 @@ def link_hook_probe(layer_sizes: Sequence[int], bucket_cap_mb: float,
     Module level so :func:`perflab.distributed.launch_fn` can start it (one launch, so
     one process start-up, for all variants). For each compression a fresh
     ``nn.Sequential(Linear(layer_sizes[0], layer_sizes[1]), ...)`` (same seed) is
-    wrapped in DDP with :func:`perflab.link.register_link_hook` (or, with ``link=None``,
+    wrapped in DDP with :func:`perflab.distributed.ddp.register_comm_hook` (with ``link=None``,
     torch's own ``fp16_compress_hook``/``bf16_compress_hook``) and trained ``steps``
     SGD steps on this rank's random (8, layer_sizes[0]) batches. ``with_baseline`` adds
     a variant "baseline": plain DDP, no hook (to check the hook's averaging).
@@ -235,9 +236,7 @@ def link_hook_probe(layer_sizes: Sequence[int], bucket_cap_mb: float,
         "step_s": [forward+backward seconds per step], "param_sum": float}}``.
     """
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
-
 
     out = {}
     for compression in ([*compressions, "baseline"] if with_baseline else compressions):
@@ -248,14 +247,7 @@ def link_hook_probe(layer_sizes: Sequence[int], bucket_cap_mb: float,
         layers = [torch.nn.Linear(a, b) for a, b in zip(layer_sizes[:-1], layer_sizes[1:])]
         ddp = DistributedDataParallel(torch.nn.Sequential(*layers),
                                       bucket_cap_mb=bucket_cap_mb)
-        state = None
-        if not hooked:
-            pass
-        elif link is not None:
-            state = register_link_hook(ddp, link, compression=compression)
-        elif compression != "none":
-            ddp.register_comm_hook(None, {"fp16": default_hooks.fp16_compress_hook,
-                                          "bf16": default_hooks.bf16_compress_hook}[compression])
+        state = register_comm_hook(ddp, compression, link) if hooked else None
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(dist.get_rank())
         clock = PerfCounterClock()

@@ -19,10 +19,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.compilation import CompileTiming, KernelSummary, compile_overhead_s
+from perflab.compilation import (CompileTiming, KernelSummary, compile_overhead_s,
+                                 generated_code, kernel_summary)
 from perflab.config import RunConfig
 from perflab.result import RunResult, default_results_dir
 from perflab.timing import Stopwatch
+from perflab.train import run
 
 __all__ = ["inductor_cache_dir", "CacheRun", "run_in_fresh_process", "timing_from_runs"]
 
@@ -108,9 +110,6 @@ def run_in_fresh_process(config: RunConfig, cache_dir: str | Path, *, clear: boo
 
 def _worker() -> None:
     """Entry point of the child process: argv = [config JSON, output path]."""
-    from perflab.compilation import generated_code, kernel_summary
-    from perflab.train import run
-
     config = RunConfig.from_dict(json.loads(sys.argv[1]))
     result, code = generated_code(lambda: run(config, progress=False, save=False))
     k = kernel_summary(code)

@@ -159,8 +159,9 @@ class RunConfig:
     approximation; "none" = DDP's plain allreduce."""
 
     accumulation_steps: int = 1
-    """Micro-batches (of ``batch_size`` each) per optimizer step; under DDP all but the
-    last run inside ``model.no_sync()``, so gradients are allreduced once per step."""
+    """Micro-batches (of ``batch_size`` each) per optimizer step (gradient accumulation,
+    one process or DDP); under DDP all but the last run inside ``model.no_sync()``, so
+    gradients are allreduced once per step."""
 
     link: SimulatedLink | None = None
     """SIMULATED interconnect for the DDP allreduce (:class:`perflab.link.SimulatedLink`,
@@ -267,11 +268,10 @@ class RunConfig:
                 ("bucket_cap_mb", self.bucket_cap_mb != 25.0),
                 ("gradient_as_bucket_view", self.gradient_as_bucket_view),
                 ("comm_hook", self.comm_hook != "none"),
-                ("accumulation_steps", acc != 1), ("link", self.link is not None),
+                ("link", self.link is not None),
                 ("straggler", self.straggler is not None)) if on]
             need(not used, f"{', '.join(used)} only apply to data-parallel runs; set "
-                 "world_size >= 2 and start it with perflab.distributed.launch "
-                 "(for accumulation on one process see perflab.accumulation)")
+                 "world_size >= 2 (perflab.run launches the ranks)")
         if self.straggler is not None and isinstance(ws, int):
             need(self.straggler.rank < ws,
                  f"straggler.rank={self.straggler.rank} but world_size={ws}; use a rank "
@@ -319,6 +319,12 @@ class RunConfig:
     def resolved_device(self) -> torch.device:
         """The concrete device this config runs on."""
         return resolve_device(self.device)
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one rank trains on per optimizer step:
+        ``batch_size x accumulation_steps`` (the global batch is ``world_size`` times it)."""
+        return self.batch_size * self.accumulation_steps
 
     def changed_fields(self) -> dict[str, Any]:
         """Fields whose value differs from the class default (label excluded)."""

@@ -266,7 +266,7 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
     augmentations differ per worker and per epoch (persistent workers keep their
     streams going) and repeat exactly for the same ``config.seed`` and worker count;
     no ``worker_init_fn`` is needed. With num_workers=0, augmentation draws from torch's
-    global RNG (seeded by :func:`perflab.train.build_training`). Other splits: eval
+    global RNG (seeded by :func:`perflab.step.build_training`). Other splits: eval
     transform, fixed order. ``storage_latency_ms``
     adds the simulated per-file read latency.
 

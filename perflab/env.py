@@ -14,6 +14,10 @@ from pathlib import Path
 
 import torch
 
+from perflab.config import resolve_device
+from perflab.dataset import EMBEDDED_NAME, dataset_fingerprint, default_data_root
+from perflab.result import source_checkout_root
+
 __all__ = ["EnvSummary", "env_summary", "cpu_flags", "bf16_support", "lab_capabilities", "LABS"]
 
 #: The course: (number, title), as in the README's lab table.
@@ -100,9 +104,6 @@ def env_summary(device: str = "auto", dataset: str | None = None) -> EnvSummary:
         dataset: dataset directory whose fingerprint to show; None -> the embedded set
             (only if already built: this never builds data).
     """
-    from perflab.config import resolve_device
-    from perflab.dataset import EMBEDDED_NAME, dataset_fingerprint, default_data_root
-
     dev = resolve_device(device)
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
@@ -144,8 +145,6 @@ def lab_capabilities(device: str = "auto") -> list[dict[str, str]]:
 
     import torch.distributed as dist
 
-    from perflab.config import resolve_device
-    from perflab.result import source_checkout_root
 
     dev = resolve_device(device)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from perflab.config import RunConfig
+from perflab.config import RunConfig, resolve_device
+from perflab.dtypes import LOW_PRECISION_DTYPES
+from perflab.env import env_summary
 from perflab.models import build_model
 from perflab.result import RunResult
 from perflab.timing import measure
@@ -33,8 +35,7 @@ __all__ = ["FlopCount", "count_flops", "PeakFlops", "peak_flops", "measure_peak_
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16"]
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
-_TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-                "fp16": torch.float16}
+_TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, **LOW_PRECISION_DTYPES}
 
 #: Dense peak TFLOP/s per dtype from each vendor datasheet (the datasheets print TF32,
 #: BF16 and FP16 Tensor Core figures "with sparsity"; the dense values here are half of
@@ -276,7 +277,6 @@ def measure_peak_flops(device: str | torch.device = "cpu", dtype: Dtype = "fp32"
 def _device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    from perflab.env import env_summary
     return str(env_summary("cpu").to_dict().get("device_name") or dev.type)
 
 
@@ -294,7 +294,6 @@ def peak_flops(device: str | torch.device = "auto", dtype: Dtype = "fp32", *,
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    from perflab.config import resolve_device
     dev = resolve_device(str(device))
     name = _device_name(dev)
     if dev.type == "cuda":

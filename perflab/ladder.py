@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
 from perflab.ladder_report import Ladder, Rung
+from perflab.max_batch import GIB, cpu_step_bytes, find_max_batch
 from perflab.measurement import Measurement, compare
 from perflab.result import RunResult, default_results_dir
 
@@ -141,8 +142,6 @@ def checkpointed_batch_size(best: RunConfig, best_result: RunResult | None = Non
     Returns:
         (batch_size, how it was found, in words).
     """
-    from perflab.max_batch import GIB, cpu_step_bytes, find_max_batch
-
     limit = limit or MAX_BATCH_FACTOR * best.batch_size
     plain = best.replace(checkpointing="none", compile="off")
     if best.resolved_device().type == "cuda" and best_result is not None:

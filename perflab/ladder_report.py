@@ -8,7 +8,6 @@ environment summary (the Lab 08 widget is :func:`perflab.panels.ladder_panel`).
 from __future__ import annotations
 
 import dataclasses
-import html
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,10 @@ from typing import Any, Sequence
 import pandas as pd
 from matplotlib.figure import Figure
 
-from perflab.measurement import Comparison
+from perflab.env import env_summary
 from perflab.figures import InlineFigure, figure_to_png
+from perflab.flops import utilization
+from perflab.measurement import Comparison
 from perflab.plots import plot_phases
 from perflab.result import RunResult
 
@@ -58,8 +59,6 @@ class Rung:
 
 def _mfu(result: RunResult) -> float:
     """MFU in % (NaN when the peak is unavailable); see :func:`perflab.flops.utilization`."""
-    from perflab.flops import utilization
-
     u = utilization(result)
     return math.nan if u.mfu_pct is None else u.mfu_pct
 
@@ -214,8 +213,6 @@ class Ladder:
         Raises:
             ValueError: no folder given and the ladder was not saved.
         """
-        from perflab.env import env_summary
-
         out = Path(out_dir) if out_dir else self.out_dir
         if out is None:
             raise ValueError("this ladder was climbed with save=False; pass "

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from perflab.dtypes import LOW_PRECISION_DTYPES
 from perflab.timing import Clock, PerfCounterClock
 
 __all__ = ["SimulatedLink", "LINK_PRESETS", "LinkModel", "BucketRecord", "LinkHookState",
@@ -178,7 +179,7 @@ class LinkModel:
 
 # -- the DDP communication hook ---------------------------------------------------------
 #: Compression of a bucket before the allreduce, as in torch's default_hooks.
-COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+COMPRESSIONS = {"none": None, **LOW_PRECISION_DTYPES}
 
 
 class LinkHookState:

@@ -24,10 +24,12 @@ from typing import Any, Sequence
 import pandas as pd
 
 from perflab.config import RunConfig
-from perflab.loading import LOADER_FIELDS, FirstBatch, pipeline_efficiency, time_first_batch
+from perflab.figures import InlineFigure
+from perflab.loading import FirstBatch, LOADER_FIELDS, pipeline_efficiency, time_first_batch
 from perflab.measurement import compare
 from perflab.result import RunResult
 from perflab.timing import Stopwatch
+from perflab.train import run
 
 __all__ = ["default_worker_counts", "LoaderSweep", "sweep_loader", "LoaderTuning",
            "tune_loader", "plot_sweep"]
@@ -151,8 +153,6 @@ def sweep_loader(config: RunConfig, *, num_workers: Sequence[int] | None = None,
         ValueError: an empty axis, an invalid combination (e.g. pin_memory=True
             without CUDA: RunConfig's message), or a bound that does not match.
     """
-    from perflab.train import run
-
     sized = {k: v for k, v in (("steps", steps), ("warmup_steps", warmup_steps)) if v is not None}
     configs = [c.replace(**sized) for c in _grid(config, num_workers, pin_memory,
                                                  persistent_workers, prefetch_factor)]
@@ -210,8 +210,6 @@ def tune_loader(config: RunConfig, *, budget_s: float = 60.0, steps: int = 8,
     Raises:
         ValueError: ``budget_s`` <= 0, ``steps`` < 2, or what ``run`` raises.
     """
-    from perflab.train import run
-
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
     if steps < 2:
@@ -268,8 +266,6 @@ def plot_sweep(sweep: LoaderSweep):
     """Two panels against ``num_workers``: throughput with 95 % CI whiskers (the
     compute-only bound as a dashed line) and data-wait share. One line per combination
     of the other loader settings. Returns a Figure that shows itself in Jupyter."""
-    from perflab.figures import InlineFigure
-
     t = sweep.table
     fig = InlineFigure(figsize=(11.0, 4.0), layout="constrained")
     ax_t, ax_d = fig.subplots(1, 2)

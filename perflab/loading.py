@@ -25,6 +25,7 @@ from scipy import stats
 
 from perflab.augment import random_resized_crop_batch
 from perflab.config import RunConfig
+from perflab.data import infinite_batches, make_loader
 from perflab.measurement import compare
 from perflab.result import RunResult
 from perflab.timing import Stopwatch
@@ -123,7 +124,7 @@ class BatchStream:
     Applies, in this order: the host-to-device copy (``non_blocking`` with
     ``pin_memory``), via :class:`DevicePrefetcher` (on a side CUDA stream when
     ``config.device_prefetch``); for ``decoded_cache`` batches the batched augmentation
-    (:func:`perflab.cache.random_resized_crop_batch`, on the device, random numbers
+    (:func:`perflab.augment.random_resized_crop_batch`, on the device, random numbers
     from a CPU generator seeded with ``config.seed``); ``channels_last``. With
     ``config.compute_only`` the first batch is returned every step and the loader is
     shut down at once, so its workers do not compete with the compute.
@@ -134,7 +135,6 @@ class BatchStream:
 
     def __init__(self, loader: torch.utils.data.DataLoader, config: RunConfig,
                  device: torch.device | str) -> None:
-        from perflab.data import infinite_batches  # data imports the loader tuning code
 
         self.config = config
         self.device = torch.device(device)
@@ -194,8 +194,6 @@ def time_first_batch(config: RunConfig) -> FirstBatch:
     """Measure ``config``'s loader start-up and time to first batch (see
     :class:`FirstBatch`) on a fresh loader. Building the loader (validation, a decoded
     cache) is not timed. Raises what :func:`perflab.data.make_loader` raises."""
-    from perflab.data import make_loader
-
     loader = make_loader(config)
     with Stopwatch() as startup:
         it = iter(loader)

@@ -24,9 +24,10 @@ from typing import Callable
 import pandas as pd
 import torch
 
+from perflab.checkpointing import segment_plan, stage_table
 from perflab.config import RunConfig
 from perflab.memory import GIB, MIB, model_state_bytes, saved_activation_bytes
-from perflab.train import train_step
+from perflab.step import train_step
 from perflab.workloads import synthetic_batch, training_parts
 
 __all__ = ["MaxBatch", "search_max_batch", "find_max_batch", "cpu_step_bytes"]
@@ -131,8 +132,6 @@ def cpu_step_bytes(config: RunConfig) -> Callable[[int], dict[str, int]]:
       which backward holds while it recomputes that segment (Chen et al. 2016's n/k
       term; from :func:`perflab.checkpointing.stage_table`); 0 without.
     """
-    from perflab.checkpointing import segment_plan, stage_table
-
     parts = training_parts(config, batch_size=2)
     train_step(parts.model, parts.x, parts.y, parts.optimizer, amp=config.amp)
     state = model_state_bytes(parts.model, parts.optimizer)

@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from perflab.config import RunConfig
+from perflab.distributed import launch
+from perflab.figures import new_ax
 from perflab.result import RunResult
 
 __all__ = ["overlap_efficiency", "ideal_step_s", "overlap_metrics", "overlap_table",
@@ -141,8 +143,6 @@ def plot_overlap(table: pd.DataFrame, x: str = "bucket_cap_mb", ax: Any = None,
     Raises:
         ValueError: ``x`` is not a column of ``table``.
     """
-    from perflab.figures import new_ax
-
     if x not in table.columns:
         raise ValueError(f"x={x!r} is not a column of the table; use one of "
                          f"{list(table.columns)}")
@@ -179,8 +179,6 @@ def run_ddp(config: RunConfig, *, progress: bool = False, **launch_kwargs: Any) 
     Raises:
         ValueError: ``config.world_size < 2``.
     """
-    from perflab.distributed import launch
-
     if config.world_size < 2:
         raise ValueError(f"run_ddp needs world_size >= 2, got {config.world_size}; set "
                          "RunConfig(world_size=2, ...)")

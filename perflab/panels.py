@@ -58,7 +58,6 @@ def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1g
     Raises:
         ValueError: unknown preset; ``baseline_result`` not measured with ``base``.
     """
-    from perflab.link import SimulatedLink
     links = [SimulatedLink.preset(p) for p in presets]
     if base.link not in links:  # the baseline must be selectable (None = real backend)
         links.insert(0, base.link)

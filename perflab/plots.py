@@ -12,7 +12,7 @@ from typing import Sequence
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from perflab.figures import PHASE_COLORS, InlineFigure, figure_to_png, new_ax
+from perflab.figures import PHASE_COLORS, InlineFigure, new_ax
 from perflab.result import PHASES, RunResult
 
 __all__ = ["plot_phases", "plot_throughput", "plot_comparison"]

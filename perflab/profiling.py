@@ -26,9 +26,12 @@ import pandas as pd
 import torch
 
 from perflab.config import RunConfig
+from perflab.data import infinite_batches, make_loader
 from perflab.diagnosis import Diagnosis, diagnose
 from perflab.result import RunResult, default_results_dir
+from perflab.step import build_training, train_step
 from perflab.trace import load_trace, phase_times
+from perflab.train import run
 
 __all__ = ["profile", "ProfileSummary", "cprofile_loader", "line_profile_dataset",
            "memory_profile_step", "TOP_OPS_COLUMNS"]
@@ -116,7 +119,6 @@ def profile(config: RunConfig, *, wait: int = 1, warmup: int = 1, active: int = 
     for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0),
                              ("active", active, 1), ("row_limit", row_limit, 1)):
         _check(name, value, low)
-    from perflab.train import run  # imports perflab.data (PIL, loaders) only when used
 
     on_gpu = config.resolved_device().type == "cuda"
     out = Path(trace_dir) if trace_dir is not None else default_results_dir() / "traces"
@@ -182,7 +184,6 @@ def cprofile_loader(config: RunConfig, *, batches: int = 5, top: int = 20) -> pd
     """
     _check("batches", batches, 1)
     _check("top", top, 1)
-    from perflab.data import infinite_batches, make_loader
 
     it = infinite_batches(make_loader(_main_process(config)))
     try:
@@ -246,9 +247,9 @@ def line_profile_dataset(config: RunConfig, *, samples: int = 32) -> pd.DataFram
 
 
 def memory_profile_step(config: RunConfig) -> pd.DataFrame:
-    """``memory_profiler``'s line-by-line memory of :func:`perflab.train.train_step`.
+    """``memory_profiler``'s line-by-line memory of :func:`perflab.step.train_step`.
 
-    The first step of a fresh model (:func:`perflab.train.build_training`, one batch loaded
+    The first step of a fresh model (:func:`perflab.step.build_training`, one batch loaded
     in this process) runs under ``memory_profiler.LineProfiler`` (psutil backend), which
     reads the process's resident set size (RSS) at each line. RSS shows only what the OS
     gives the process: allocators keep freed memory for reuse, so a line that frees
@@ -266,7 +267,6 @@ def memory_profile_step(config: RunConfig) -> pd.DataFrame:
     """
     import memory_profiler
 
-    from perflab.train import build_training, train_step
 
     loader, model, optimizer, device = build_training(_main_process(config))
     x, y = next(iter(loader))  # (B, 3, S, S) float32, (B,) int64

@@ -83,8 +83,9 @@ class RunResult:
 
     @property
     def samples_per_s(self) -> float:
-        """Throughput = batch_size / median step time (samples/s)."""
-        return self.config.batch_size / self.step.median
+        """Throughput of this process (or rank) = samples per optimizer step
+        (``batch_size x accumulation_steps``) / median step time (samples/s)."""
+        return self.config.samples_per_step / self.step.median
 
     @property
     def samples_per_s_ci95(self) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """The straggler a :class:`~perflab.config.RunConfig` injects: which rank, how much, where.
 
-A spec only (core layer): the training step sleeps it (:func:`perflab.train.train_step`),
+A spec only (core layer): the training step sleeps it (:func:`perflab.step.train_step`),
 :mod:`perflab.stragglers` predicts and measures its cost and detects it.
 """
 from __future__ import annotations

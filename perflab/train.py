@@ -1,114 +1,28 @@
 """``run(config) -> RunResult``: build data, model and optimizer; time every phase.
 
-The loop is deliberately plain (after nanoGPT's training loop): one ``train_step`` that
-reads top to bottom, wrapped in a :class:`~perflab.timing.PhaseTimer`. Later labs add
-their technique *inside* ``train_step`` (autocast, GradScaler, checkpointing, the
-compiled model) so it stays visible.
+The loop is deliberately plain (after nanoGPT's training loop): one
+:func:`perflab.step.train_step` per step, wrapped in a :class:`~perflab.timing.PhaseTimer`.
+The techniques the labs add (autocast, GradScaler, accumulation, checkpointing, the
+compiled model) live inside that step, so they stay visible. ``world_size > 1`` launches
+the ranks (:mod:`perflab.distributed`), which run the same step under DDP.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
-from perflab.data import make_loader
 from perflab.env import env_summary
 from perflab.loading import BatchStream
 from perflab.measurement import Measurement
 from perflab.memory import PeakMemory, read_peak, reset_peak
-from perflab.models import build_model
 from perflab.result import RunResult
+from perflab.step import build_training, make_scaler, train_step
 from perflab.timing import PhaseTimer, Stopwatch
 
-__all__ = ["run", "run_interleaved", "train_step", "build_training", "AMP_DTYPES"]
-
-#: autocast dtype per ``RunConfig.amp`` mode (None = fp32, autocast disabled).
-AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class _NoTimer:
-    """Stands in for a PhaseTimer when a step is not being timed."""
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        yield
-
-
-def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-               optimizer: torch.optim.Optimizer, timer: Any = None, *, amp: str = "off",
-               scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
-    """One optimisation step: forward, loss, backward, optimizer step.
-
-    Mixed precision follows the PyTorch AMP recipe ("Automatic Mixed Precision
-    examples"): forward and loss under ``torch.autocast``, backward outside it; with a
-    ``GradScaler`` (fp16) the loss is scaled before backward and the scaler steps the
-    optimizer (skipping steps whose gradients overflowed) and updates its scale.
-
-    Args:
-        model: maps (B, 3, H, W) float images to (B, num_classes) logits.
-        x: images, (B, 3, H, W) float32 on the model's device.
-        y: class indices, (B,) int64 on the same device.
-        optimizer: updates ``model``'s parameters.
-        timer: a :class:`PhaseTimer` with an open step, or None.
-        amp: "off" (fp32), "bf16" or "fp16" (autocast dtype, see ``AMP_DTYPES``).
-        scaler: a ``torch.amp.GradScaler`` (needed for fp16), or None.
-
-    Returns:
-        The loss, a detached 0-d float32 tensor on the device (read it after the step).
-    """
-    timer = timer or _NoTimer()
-    with timer.phase("forward"):
-        with torch.autocast(x.device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):
-            logits = model(x)                      # (B, num_classes), low precision
-            loss = F.cross_entropy(logits, y)      # autocast runs it in fp32
-    with timer.phase("backward"):
-        (scaler.scale(loss) if scaler else loss).backward()
-    with timer.phase("optimizer"):
-        if scaler:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return loss.detach().float()
-
-
-def build_model_and_optimizer(config: RunConfig, num_classes: int, device: torch.device
-                              ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The model (train mode, on ``device``, with ``config.checkpointing`` and
-    ``channels_last`` applied; not compiled) and its SGD optimizer (momentum 0.9)."""
-    model = build_model(config.model, num_classes).to(device).train()
-    if config.checkpointing != "none":
-        model.set_checkpointing(config.checkpointing)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
-    return model, optimizer
-
-
-def build_training(config: RunConfig):
-    """Data loader, model and optimizer for ``config``, seeded.
-
-    The dataset is validated first, before any model work. The model gets
-    ``config.checkpointing``, ``channels_last`` and ``torch.compile(mode=...)`` applied
-    (compilation itself happens lazily, in the first steps).
-
-    Returns:
-        (loader, model, optimizer, device) with the model on ``device`` in train mode.
-    """
-    device = config.resolved_device()
-    torch.manual_seed(config.seed)
-    loader = make_loader(config)  # validates the dataset before any model work
-    num_classes = len(loader.dataset.classes)
-    model, optimizer = build_model_and_optimizer(config, num_classes, device)
-    if config.compile != "off":
-        model = torch.compile(model, mode=None if config.compile == "default"
-                              else config.compile)
-    return loader, model, optimizer, device
+__all__ = ["run", "run_interleaved"]
 
 
 def run(config: RunConfig, *, progress: bool = True, save: bool = True,
@@ -129,12 +43,24 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
         profiler: an active ``torch.profiler.profile``; ``profiler.step()`` is called
             after every step (used by :func:`perflab.profiling.profile`).
 
+    With ``config.world_size > 1`` the ranks are launched through
+    :func:`perflab.distributed.launch` (each runs this same :func:`train_step` under
+    DDP) and rank 0's result is returned; every rank's result is saved.
+
     Returns:
         The :class:`RunResult` (with ``path`` set when saved).
 
     Raises:
         ValueError / FileNotFoundError: bad dataset (before any training starts).
+        perflab.distributed.RankFailedError, LaunchTimeoutError: a rank failed (DDP).
     """
+    if config.world_size > 1:
+        if profiler is not None:
+            raise ValueError("profiler= profiles one process; for a data-parallel run "
+                             "profile each rank inside perflab.distributed.launch_fn")
+        from perflab.distributed import launch  # the same step on every rank
+
+        return launch(config, progress=progress, save=save, results_dir=results_dir)[0]
     old_threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -142,8 +68,7 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
     try:
         wall = Stopwatch().start()
         loader, model, optimizer, device = build_training(config)
-        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
-        scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+        scaler = make_scaler(config, device)
         was_reset = reset_peak(device)
         timer = PhaseTimer(device)
         batches = BatchStream(loader, config, device)
@@ -153,17 +78,16 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
                    disable=not progress, leave=False)
         for _ in bar:
             with timer.step():
-                with timer.phase("data"):
-                    x, y = next(batches)  # on device: (B, 3, H, W) float32, (B,) int64
-                loss = train_step(model, x, y, optimizer, timer, amp=config.amp,
-                                  scaler=scaler)
+                loss = train_step(model, None, None, optimizer, timer, amp=config.amp,
+                                  scaler=scaler, next_batch=batches.__next__,
+                                  accumulation_steps=config.accumulation_steps)
             losses.append(float(loss))
             if profiler is not None:
                 profiler.step()
         bar.close()
         peak = read_peak(device, was_reset=was_reset)
         phases = timer.measurements(warmup=config.warmup_steps,
-                                    samples_per_step=config.batch_size,
+                                    samples_per_step=config.samples_per_step,
                                     label=config.display_label())
         env = env_summary(config.device, config.dataset).to_dict()
         env["torch_threads"] = torch.get_num_threads()

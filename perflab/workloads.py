@@ -4,7 +4,7 @@ fixed synthetic batch, and a fusion-bound pointwise chain (Labs 04 and 05).
 Memory and compile experiments (Labs 04 and 05) measure the model, not the input
 pipeline: a fixed random batch of the configured size makes every measurement
 deterministic (memory bytes do not depend on pixel values) and keeps loader time out
-of compute timings. The model is set up exactly as :func:`perflab.train.build_training`
+of compute timings. The model is set up exactly as :func:`perflab.step.build_training`
 sets it up (checkpointing, channels_last, SGD with momentum 0.9); ``torch.compile`` is
 left to the caller.
 """
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perflab.config import RunConfig
-from perflab.train import build_model_and_optimizer
+from perflab.step import build_model_and_optimizer
 
 __all__ = ["NUM_CLASSES", "TrainingParts", "synthetic_batch", "training_parts",
            "pointwise_chain", "pointwise_inputs"]
@@ -69,7 +69,7 @@ class TrainingParts:
 
 
 def training_parts(config: RunConfig, batch_size: int | None = None) -> TrainingParts:
-    """Model and optimizer as :func:`~perflab.train.build_training` makes them, with a
+    """Model and optimizer as :func:`~perflab.step.build_training` makes them, with a
     :func:`synthetic_batch` instead of a data loader; seeded by ``config.seed``.
 
     ``config.compile`` is not applied: wrap ``parts.model`` in ``torch.compile`` to

@@ -31,7 +31,7 @@ def test_defaults_mean_single_process():
     (dict(world_size=2, straggler=1), "straggler must be None or a Straggler"),
     (dict(comm_hook="fp16"), "comm_hook only apply to data-parallel runs; set world_size >= 2"),
     (dict(bucket_cap_mb=1, link=ONE_GBE), "bucket_cap_mb, link only apply to data-parallel"),
-    (dict(accumulation_steps=4), "see perflab.accumulation"),
+    (dict(accumulation_steps=0), "accumulation_steps must be an int >= 1"),
     (dict(straggler=Straggler(rank=0, delay_s=0.1)), "straggler only apply"),
     (dict(world_size=2, straggler=Straggler(rank=2, delay_s=0.1)),
      r"straggler.rank=2 but world_size=2; use a rank in 0..1"),
@@ -97,3 +97,9 @@ def test_round_trip_through_json(tmp_path):
     assert saved.path.endswith("-rank3.json")
     back = RunResult.load(saved.path)
     assert (back.config, back.rank, back.extra) == (c, 3, {"buckets": [{"index": 0}]})
+
+
+def test_accumulation_applies_to_one_process_too():
+    c = RunConfig(batch_size=8, accumulation_steps=4)
+    assert c.samples_per_step == 32
+    assert RunConfig(world_size=2, batch_size=8).samples_per_step == 8  # per rank

@@ -10,8 +10,8 @@ from perflab.env import env_summary
 from perflab.link import SimulatedLink
 from perflab.measurement import Measurement
 from perflab.memory import PeakMemory
-from perflab.overlap import (ideal_step_s, launch_sweep, overlap_efficiency,
-                             overlap_metrics, overlap_table, plot_overlap, run_ddp)
+from perflab.overlap import (ideal_step_s, overlap_efficiency, overlap_metrics, overlap_table,
+                             plot_overlap, run_ddp)
 from perflab.result import RunResult
 
 
@@ -98,15 +98,6 @@ def test_table_and_plot_name_the_link():
 def test_table_rejects_no_runs():
     with pytest.raises(ValueError, match="at least one"):
         overlap_table([])
-
-
-@pytest.mark.parametrize("configs, match", [
-    ([], "non-empty"),
-    ([RunConfig(world_size=2), RunConfig(world_size=3)], "same world_size"),
-])
-def test_launch_sweep_rejects_bad_configs(configs, match):
-    with pytest.raises(ValueError, match=match):
-        launch_sweep(configs)
 
 
 def test_run_ddp_needs_two_ranks():

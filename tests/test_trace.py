@@ -164,14 +164,6 @@ def test_load_ranks_drops_the_last_profiler_step_as_hta():
     assert rt.events["name"].tolist() == ["ProfilerStep#1", "cudaLaunchKernel", "gemm"]
 
 
-def test_analysis_module_can_be_imported_first():
-    import subprocess
-    import sys
-    code = ("import perflab.trace_analysis as a, perflab.trace as t; "
-            "assert t.temporal_breakdown is a.temporal_breakdown")
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 def test_load_ranks_restores_the_garbage_collector(tmp_path):
     import gc
 

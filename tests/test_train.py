@@ -112,7 +112,7 @@ def test_technique_knobs_run(tiny_dataset, results_dir, changes):
 
 def test_train_step_bf16_matches_fp32_loosely():
     from perflab.models import tiny_cnn
-    from perflab.train import train_step
+    from perflab.step import train_step
 
     torch.manual_seed(0)
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
@@ -148,3 +148,137 @@ def test_run_interleaved_pools_rounds(tiny_dataset, results_dir):
         run_interleaved([a], rounds=0)
     with pytest.raises(ValueError, match="at least one RunConfig"):
         run_interleaved([])
+
+
+# -- one step for one process and every rank (perflab.step) ------------------------------
+def _tiny_model_and_batch(seed: int = 0):
+    """A model without batch statistics (BatchNorm would make micro-batches differ from
+    the whole batch) and a fixed batch of 8 (B, 3, 4, 4) images."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 10))
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 3, 4, 4, generator=gen), torch.randint(0, 10, (8,), generator=gen)
+    return model, x, y
+
+
+def test_accumulation_equals_one_big_batch():
+    """Two micro-batches of 4 with accumulation_steps=2 update the parameters exactly
+    as one batch of 8 (the loss is divided by the number of micro-batches)."""
+    from perflab.step import train_step
+
+    big, x, y = _tiny_model_and_batch()
+    small, _, _ = _tiny_model_and_batch()
+    opt_big = torch.optim.SGD(big.parameters(), lr=0.1)
+    opt_small = torch.optim.SGD(small.parameters(), lr=0.1)
+    loss_big = train_step(big, x, y, opt_big)
+    rest = iter([(x[4:], y[4:])])
+    loss_small = train_step(small, x[:4], y[:4], opt_small, accumulation_steps=2,
+                            next_batch=lambda: next(rest))
+    assert float(loss_small) == pytest.approx(float(loss_big), rel=1e-5)
+    for a, b in zip(big.parameters(), small.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # a wrong accumulation (no division by the micro-batch count) would differ:
+    wrong, _, _ = _tiny_model_and_batch()
+    opt_wrong = torch.optim.SGD(wrong.parameters(), lr=0.1)
+    for xb, yb in ((x[:4], y[:4]), (x[4:], y[4:])):
+        torch.nn.functional.cross_entropy(wrong(xb), yb).backward()
+    opt_wrong.step()
+    assert any(not torch.allclose(a, b, atol=1e-6)
+               for a, b in zip(big.parameters(), wrong.parameters()))
+
+
+def test_train_step_times_every_micro_batch_and_the_wait():
+    from perflab.step import train_step
+    from perflab.timing import PhaseTimer
+
+    model, x, y = _tiny_model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter([(x, y)] * 6)
+    calls = []
+    timer = PhaseTimer("cpu")
+    for _ in range(2):
+        with timer.step():
+            train_step(model, None, None, opt, timer, accumulation_steps=3,
+                       next_batch=lambda: next(batches), allreduce=lambda: calls.append(1))
+    assert calls == [1, 1]  # once per step, after the last backward
+    m = timer.measurements(warmup=0)
+    assert {"data", "forward", "backward", "wait", "optimizer"} <= set(m)
+    with pytest.raises(StopIteration):
+        next(batches)  # all 2 x 3 micro-batches were drawn, inside the data phase
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(accumulation_steps=0), "accumulation_steps must be an int >= 1"),
+    (dict(accumulation_steps=1.5), "accumulation_steps must be an int >= 1"),
+])
+def test_train_step_rejects_bad_accumulation(kwargs, match):
+    from perflab.step import train_step
+
+    model, x, y = _tiny_model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=match):
+        train_step(model, x, y, opt, **kwargs)
+
+
+def test_train_step_needs_a_batch():
+    from perflab.step import train_step
+
+    model, _, _ = _tiny_model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="needs a batch"):
+        train_step(model, None, None, opt)
+
+
+@pytest.mark.parametrize("where", ["data", "before_forward", "before_backward"])
+def test_straggler_delay_sleeps_once_where_it_is_placed(monkeypatch, where):
+    from perflab import step
+    from perflab.timing import PhaseTimer
+
+    slept: list[tuple[str, float]] = []
+    current = {"phase": None}
+    monkeypatch.setattr(step.time, "sleep", lambda s: slept.append((current["phase"], s)))
+
+    class Spy(PhaseTimer):
+        def phase(self, name):
+            current["phase"] = name
+            return super().phase(name)
+
+    model, x, y = _tiny_model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter([(x, y)] * 2)
+    timer = Spy("cpu")
+    with timer.step():
+        step.train_step(model, None, None, opt, timer, accumulation_steps=2,
+                        next_batch=lambda: next(batches),
+                        straggler=step.StragglerDelay(where, delay_s=0.05))
+    phase = "data" if where == "data" else where.split("_")[1]
+    assert slept == [(phase, 0.05)]  # once per step (first micro-batch), in its phase
+    slept.clear()
+    step.StragglerDelay(where, delay_s=0.0)(where)
+    assert slept == []
+
+
+def test_run_accumulates_on_one_process(tiny_dataset, results_dir):
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=3, warmup_steps=1, accumulation_steps=2)
+    r = run(cfg, progress=False, save=False)
+    assert r.step.samples_per_step == 8
+    assert r.samples_per_s == pytest.approx(8 / r.step.median)
+    assert len(r.losses) == 4 and all(torch.isfinite(torch.tensor(r.losses)))
+
+
+def test_run_with_world_size_launches_ranks(tiny_dataset, tmp_path):
+    """world_size > 1 is never a silent single process: the ranks are launched."""
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
+                    steps=2, warmup_steps=2, world_size=2, compute_only=True)
+    r = run(cfg, progress=False, results_dir=str(tmp_path))
+    assert r.rank == 0 and r.extra["world_size"] == 2
+    assert sorted(p.stem.rsplit("-", 1)[-1] for p in tmp_path.glob("*.json")) == ["rank0",
+                                                                               "rank1"]
+
+
+def test_run_refuses_a_profiler_for_ranks(tiny_dataset):
+    cfg = RunConfig(model="tiny", dataset=tiny_dataset, world_size=2)
+    with pytest.raises(ValueError, match="profile each rank"):
+        run(cfg, profiler=object())

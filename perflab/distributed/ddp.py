@@ -23,14 +23,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from perflab.config import RunConfig
-from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink
+from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink, register_link_hook
 from perflab.timing import PerfCounterClock
 
-__all__ = ["check_compression", "timed_allreduce_buckets", "check_ddp_config", "wrap_ddp", "ddp_buckets", "bucket_params", "allreduce_by_bucket",
-           "COMPRESSION_DTYPES"]
-
-#: comm_hook -> dtype the gradients are cast to before the allreduce (None = fp32).
-COMPRESSION_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+__all__ = ["check_compression", "timed_allreduce_buckets", "check_ddp_config", "wrap_ddp",
+           "register_comm_hook",
+           "ddp_buckets", "bucket_params", "allreduce_by_bucket"]
 
 
 def check_ddp_config(config: RunConfig, backend: str) -> None:
@@ -73,21 +71,42 @@ def wrap_ddp(model: torch.nn.Module, config: RunConfig, device: torch.device
         model, device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=config.bucket_cap_mb,
         gradient_as_bucket_view=config.gradient_as_bucket_view)
-    link_state = None
-    if config.link is not None:
-        from perflab.link import register_link_hook
+    return ddp, register_comm_hook(ddp, config.comm_hook, config.link)
 
-        compression = config.comm_hook if config.comm_hook in ("fp16", "bf16") else "none"
-        link_state = register_link_hook(ddp, config.link, compression=compression)
-    elif config.comm_hook == "fp16":
+
+def register_comm_hook(ddp: DistributedDataParallel, comm_hook: str,
+                       link: SimulatedLink | None) -> Any:
+    """Register the DDP communication hook for ``comm_hook`` / ``link``: the one place
+    perflab registers one (PyTorch docs, "DDP Communication Hooks").
+
+    * ``link`` set: :func:`perflab.link.register_link_hook` (the real allreduce, its
+      completion delayed as the simulated link would; fp16/bf16 compression inside it);
+    * else ``"fp16"`` / ``"bf16"``: torch's ``fp16_compress_hook`` / ``bf16_compress_hook``;
+    * ``"powersgd"``: torch's ``powerSGD_hook`` (rank 1, 2 plain warm-up allreduces);
+    * ``"none"``: no hook (DDP's own allreduce).
+
+    Returns:
+        The :class:`perflab.link.LinkHookState` when ``link`` is set, else None.
+
+    Raises:
+        ValueError: an unknown ``comm_hook``.
+    """
+    if comm_hook not in ("none", "fp16", "bf16", "powersgd"):
+        raise ValueError(f"comm_hook must be 'none', 'fp16', 'bf16' or 'powersgd', "
+                         f"got {comm_hook!r}")
+    link_state = None
+    if link is not None:
+        compression = comm_hook if comm_hook in ("fp16", "bf16") else "none"
+        link_state = register_link_hook(ddp, link, compression=compression)
+    elif comm_hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif config.comm_hook == "bf16":
+    elif comm_hook == "bf16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif config.comm_hook == "powersgd":
+    elif comm_hook == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
         # rank 1 approximation after 2 plain warm-up allreduces (the paper's defaults
@@ -95,7 +114,7 @@ def wrap_ddp(model: torch.nn.Module, config: RunConfig, device: torch.device
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                             start_powerSGD_iter=2)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return ddp, link_state
+    return link_state
 
 
 def _ints(text: Any) -> list[int]:
@@ -142,7 +161,7 @@ def allreduce_by_bucket(buckets: list[list[torch.nn.Parameter]], *,
     spent here is the rank's wait for the slowest rank plus the transfer.
     """
     ws = dist.get_world_size()
-    dtype = COMPRESSION_DTYPES[compression]
+    dtype = COMPRESSIONS[compression]
     works = []
     for params in buckets:
         grads = [p.grad for p in params if p.grad is not None]

@@ -2,9 +2,11 @@
 
 Each rank (started by :func:`perflab.distributed.launch_fn`, or by ``torchrun`` through
 ``python -m perflab.distributed``) builds the same pieces as the single-process
-:func:`perflab.train.run`: :func:`perflab.train.build_training` (loader, model,
+:func:`perflab.train.run`: :func:`perflab.step.build_training` (loader, model,
 optimizer), :class:`perflab.loading.BatchStream`, :class:`perflab.timing.PhaseTimer`
-and :mod:`perflab.memory`. Data differ by rank through a **rank-offset seed**
+and :mod:`perflab.memory`, and trains with the same :func:`perflab.step.train_step`
+(accumulation with ``no_sync``, the straggler's delay and the link's per-step reset
+happen there; DDP's communication hook is registered once, by :func:`wrap_ddp`). Data differ by rank through a **rank-offset seed**
 (``seed + rank`` seeds the shuffle and the augmentations of the rank's loader); the
 models start equal because DDP broadcasts rank 0's parameters when it wraps the model.
 
@@ -35,15 +37,13 @@ forward phase, or at the start of the backward phase.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
+import functools
 import os
-import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
@@ -53,7 +53,7 @@ from perflab.measurement import Measurement
 from perflab.memory import read_peak, reset_peak
 from perflab.result import RunResult
 from perflab.timing import PhaseTimer, Stopwatch
-from perflab.train import AMP_DTYPES, build_training
+from perflab.step import StragglerDelay, build_training, make_scaler, train_step
 from perflab.distributed.ddp import (allreduce_by_bucket, bucket_params, ddp_buckets,
                                      timed_allreduce_buckets,
                                      wrap_ddp)
@@ -93,68 +93,19 @@ class _Progress:
         self.bar.close()
 
 
-class _Step:
-    """One training step of the DDP model, with the straggler's delay where asked."""
-
-    def __init__(self, ddp: Any, optimizer: Any, batches: BatchStream, config: RunConfig,
-                 scaler: Any):
-        self.ddp, self.optimizer, self.batches = ddp, optimizer, batches
-        self.config, self.scaler = config, scaler
-        self.delay_s = 0.0  # set on the straggler rank after the warm-up
-        self.where = config.straggler.where if config.straggler else None
-
-    def _sleep(self, where: str, micro: int) -> None:
-        if self.delay_s > 0 and self.where == where and micro == 0:
-            time.sleep(self.delay_s)  # the injected straggler: sleeping, no CPU burned
-
-    def local(self, timer: Any, *, sync: bool) -> torch.Tensor:
-        """data / forward / backward of every micro-batch; no optimizer step.
-
-        ``sync=False``: all micro-batches under ``no_sync`` (no allreduce at all);
-        ``sync=True``: all but the last, whose backward runs DDP's overlapped allreduce.
-        """
-        acc, total = self.config.accumulation_steps, torch.zeros(())
-        for micro in range(acc):
-            last = micro == acc - 1
-            with (contextlib.nullcontext() if sync and last else self.ddp.no_sync()):
-                with timer.phase("data"):
-                    self._sleep("data", micro)
-                    x, y = next(self.batches)  # (B, 3, H, W) float32, (B,) int64
-                with timer.phase("forward"):
-                    self._sleep("before_forward", micro)
-                    with torch.autocast(x.device.type, dtype=AMP_DTYPES[self.config.amp],
-                                        enabled=self.config.amp != "off"):
-                        loss = F.cross_entropy(self.ddp(x), y) / acc
-                with timer.phase("backward"):
-                    self._sleep("before_backward", micro)
-                    (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total = total + loss.detach().float().cpu()
-        return total
-
-    def optimize(self, timer: Any) -> None:
-        with timer.phase("optimizer"):
-            if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-
-
-def _block(step: _Step, n: int, timer: PhaseTimer, bar: Any, *, sync: bool,
-           explicit: list | None = None, link_state: Any = None) -> list[float]:
-    """Run ``n`` steps into ``timer``; returns the losses. ``explicit``: bucket params
-    to allreduce by hand (phase "wait") instead of DDP's overlapped allreduce."""
+def _block(model: Any, optimizer: Any, batches: BatchStream, config: RunConfig,
+           scaler: Any, straggler: StragglerDelay, n: int, timer: PhaseTimer, bar: Any, *,
+           sync: bool, allreduce: Any = None, link_state: Any = None) -> list[float]:
+    """Run ``n`` steps of :func:`perflab.step.train_step` into ``timer``; returns the
+    losses. ``sync=False``: every micro-batch under ``no_sync`` (compute only);
+    ``allreduce``: the hand-run bucket allreduce, timed as the "wait" phase."""
     losses = []
     for _ in range(n):
-        if link_state is not None:
-            link_state.reset()
         with timer.step():
-            loss = step.local(timer, sync=sync)
-            if explicit is not None:
-                with timer.phase("wait"):
-                    allreduce_by_bucket(explicit, compression=step.config.comm_hook)
-            step.optimize(timer)
+            loss = train_step(model, None, None, optimizer, timer, amp=config.amp,
+                              scaler=scaler, accumulation_steps=config.accumulation_steps,
+                              next_batch=batches.__next__, sync=sync, straggler=straggler,
+                              link=link_state, allreduce=allreduce)
         losses.append(float(loss))
         bar.update()
     return losses
@@ -182,8 +133,8 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
     local = config.replace(seed=config.seed + rank,  # rank-offset seed: data differ by rank
                            device=str(device) if device.type == "cuda" else config.device)
     loader, model, optimizer, device = build_training(local)
-    ddp, link_state = wrap_ddp(model, config, device)
-    scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+    ddp, link_state = wrap_ddp(model, config, device)  # hooks registered once, here
+    scaler = make_scaler(config, device)
     was_reset = reset_peak(device)
     batches = BatchStream(loader, local, device)
     s = config.straggler
@@ -192,28 +143,29 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
                          desc=f"rank {rank}: {config.display_label()}",
                          disable=not (progress and rank == 0)),
                     progress_file if rank == 0 else None, step_offset)
+    straggler = StragglerDelay(s.where if s else "none")  # sleeps on the slow rank only
+    run = functools.partial(_block, ddp, optimizer, batches, config, scaler, straggler)
     try:
-        step = _Step(ddp, optimizer, batches, config, scaler)
         # 1. compute-only (no_sync); restore the state after, so ranks stay identical
         saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
         comp = PhaseTimer(device)
-        _block(step, w, comp, bar, sync=False)
+        run(w, comp, bar, sync=False)
         if s is not None and rank == s.rank:
             if s.delay_s is not None:
-                step.delay_s = s.delay_s
+                straggler.delay_s = s.delay_s
             else:
                 # check_ddp_config made sure w >= 2: the median of the warm-up steps
-                step.delay_s = s.delay_frac * comp.measurements(warmup=0)["step"].median
-        _block(step, n, comp, bar, sync=False)
+                straggler.delay_s = s.delay_frac * comp.measurements(warmup=0)["step"].median
+        run(n, comp, bar, sync=False)
         model.load_state_dict(saved[0])
         optimizer.load_state_dict(saved[1])
         optimizer.zero_grad(set_to_none=True)
         # 2. DDP steps (the delay is off during warm-up)
-        delay, step.delay_s = step.delay_s, 0.0
+        delay, straggler.delay_s = straggler.delay_s, 0.0
         timer = PhaseTimer(device)
-        losses = _block(step, w, timer, bar, sync=True, link_state=link_state)
-        step.delay_s = delay
-        losses += _block(step, n, timer, bar, sync=True, link_state=link_state)
+        losses = run(w, timer, bar, sync=True, link_state=link_state)
+        straggler.delay_s = delay
+        losses += run(n, timer, bar, sync=True, link_state=link_state)
         buckets = ddp_buckets(ddp)
         # 3. the allreduce alone, DDP's buckets through the same link / compression
         compression = config.comm_hook if config.comm_hook in ("fp16", "bf16") else "none"
@@ -228,7 +180,9 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
         per_step = None
         if s is not None:
             expl = PhaseTimer(device)
-            _block(step, n, expl, bar, sync=False, explicit=bucket_params(ddp))
+            params = bucket_params(ddp)
+            run(n, expl, bar, sync=False, allreduce=functools.partial(
+                allreduce_by_bucket, params, compression=config.comm_hook))
             m = expl.measurements(warmup=0)
             wait_s, step_s = list(m["wait"].times_s), list(m["step"].times_s)
             per_step = {"compute_s": [t - u for t, u in zip(step_s, wait_s)],
@@ -240,14 +194,15 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
         bar.close()
         batches.close()
     label = config.display_label()
-    phases = timer.measurements(warmup=w, samples_per_step=config.batch_size, label=label)
-    phases["compute"] = comp.measurements(warmup=w, samples_per_step=config.batch_size,
+    phases = timer.measurements(warmup=w, samples_per_step=config.samples_per_step,
+                                label=label)
+    phases["compute"] = comp.measurements(warmup=w, samples_per_step=config.samples_per_step,
                                           label=label)["step"].relabel(f"{label} compute")
     phases["comm"] = Measurement(label=f"{label} comm", times_s=tuple(comm_s))
     env = env_summary(config.device, config.dataset).to_dict()
     env["torch_threads"] = torch.get_num_threads()
     extra = {"buckets": buckets, "link": config.link.describe() if config.link else None,
-             "straggler": s.describe() if s else None, "delay_s": step.delay_s,
+             "straggler": s.describe() if s else None, "delay_s": straggler.delay_s,
              "per_step": per_step,
              "all_ranks_compute_s": gathered if per_step else None,
              "backend": dist.get_backend(), "world_size": world_size,
