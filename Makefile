@@ -6,16 +6,19 @@ PY := $(VENV)/bin/python
 TORCH_TESTED := 2.13.0
 SUBMISSIONS ?= submissions
 
-.PHONY: setup demo test labs check-labs check-solutions test-browser grade clean
+.PHONY: setup demo test labs check-labs check-solutions test-browser grade wheel-smoke clean
 
 setup: $(VENV)/.perflab-installed
 
 # --system-site-packages keeps a torch the user already has (e.g. their own CUDA build);
-# the tested torch is installed only when none imports.
+# the tested torch is installed only when none imports. A student needs only
+# `pip install .`; this adds the course tooling, the test tools and the browser tests.
+# The kernel 'perflab' ("Python (perflab)") lets VS Code or another Jupyter use .venv.
 $(VENV)/.perflab-installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==$(TORCH_TESTED)"
-	$(PY) -m pip install -e ".[dev,browser]"
+	$(PY) -m pip install -e ".[dev,course,browser]"
+	$(VENV)/bin/perflab kernel install
 	touch $@
 
 demo: setup
@@ -48,6 +51,44 @@ test-browser: setup
 grade: setup
 	$(VENV)/bin/perflab data --quiet
 	$(VENV)/bin/perflab course grade $(SUBMISSIONS) --reference solutions --out scores.csv
+
+# The package as a student gets it: build the sdist and, from it, the wheel; install the
+# wheel (not editable) into a fresh venv, torch pinned to this venv's version so pip never
+# picks a build; from outside the checkout run --version, doctor, data (the checkout's
+# data/ via PERFLAB_DATA), a tiny run and a 2-rank DDP run. Leaves nothing behind.
+wheel-smoke: setup
+	@set -eu; start=$$(date +%s); \
+	step() { echo "== $$1 ($$(( $$(date +%s) - start )) s)"; }; \
+	dir=$$(mktemp -d "$${TMPDIR:-/tmp}/perflab-wheel-smoke.XXXXXX"); \
+	trap 'rm -rf "$$dir"' EXIT; \
+	torch=$$($(PY) -c "import torch; print(torch.__version__)"); \
+	step "wheel smoke in $$dir, torch==$$torch"; \
+	$(PY) -m build --outdir "$$dir/dist" . > "$$dir/build.log" 2>&1 \
+		|| { tail -30 "$$dir/build.log"; exit 1; }; \
+	step "built $$(cd "$$dir/dist" && echo *)"; \
+	$(PYTHON) -m venv "$$dir/venv"; \
+	"$$dir/venv/bin/python" -m pip install --no-compile "torch==$$torch" \
+		"$$dir"/dist/perflab-*.whl > "$$dir/pip.log" 2>&1 || { tail -30 "$$dir/pip.log"; exit 1; }; \
+	step "installed into a fresh venv"; \
+	cd "$$dir"; \
+	export PERFLAB_DATA="$(CURDIR)/data" PERFLAB_RESULTS="$$dir/results"; \
+	venv/bin/python -c "import perflab, sys; f = perflab.__file__; \
+		sys.exit(0 if f.startswith('$$dir/venv/') else f'perflab imported from {f}')"; \
+	if venv/bin/python -c "import nbgrader" 2>/dev/null; then \
+		echo "nbgrader is installed without [course]"; exit 1; fi; \
+	venv/bin/python -m pip check; \
+	venv/bin/perflab --version; \
+	venv/bin/python -m perflab --version; \
+	venv/bin/perflab doctor; \
+	venv/bin/perflab data --quiet; \
+	step "doctor and data"; \
+	venv/bin/perflab run --preset tiny --model tiny --quiet; \
+	step "perflab run"; \
+	venv/bin/python -m perflab.distributed --preset tiny --model tiny --world-size 2 --quiet; \
+	step "python -m perflab.distributed, 2 ranks"; \
+	venv/bin/perflab kernel install --prefix "$$dir/jupyter"; \
+	test -f "$$dir/jupyter/share/jupyter/kernels/perflab/kernel.json"; \
+	step "wheel smoke passed"
 
 clean:
 	rm -rf $(VENV) results data/photo-patches test-output

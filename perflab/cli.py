@@ -1,17 +1,62 @@
-"""The ``perflab`` command: doctor, data, run, profile, ladder, course.
+"""The ``perflab`` command (also ``python -m perflab``): doctor, data, run, profile,
+ladder, labs, kernel, course.
 
 ``perflab run`` has one flag per :class:`RunConfig` field, generated from the dataclass,
 so the CLI and the config cannot drift apart; bad values give RunConfig's own errors.
+With ``--world-size N`` (N >= 2) it runs N local data-parallel ranks exactly as
+``python -m perflab.distributed`` does, which shares these flags
+(:func:`add_config_flags`, :func:`config_from_args`).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import platform
 import sys
 import typing
 from pathlib import Path
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "add_config_flags", "config_from_args", "parse_straggler",
+           "run_ranks", "summary_table", "perflab_version", "version_text", "DDP_FIELDS"]
+
+#: RunConfig fields that only data-parallel runs (world_size >= 2) use. ``perflab run``
+#: shows them as a group of their own; ``perflab profile`` (one process) leaves them out.
+DDP_FIELDS = ("world_size", "bucket_cap_mb", "gradient_as_bucket_view", "comm_hook",
+              "link", "straggler")
+
+
+def perflab_version() -> str:
+    """perflab's version: ``perflab.__version__`` (pyproject reads it from there too),
+    else the installed distribution's metadata."""
+    import perflab
+
+    version = getattr(perflab, "__version__", None)
+    if version:
+        return version
+    import importlib.metadata
+
+    return importlib.metadata.version("perflab")
+
+
+def version_text() -> str:
+    """``"perflab 0.1.0 (torch 2.13.0+cpu, Python 3.11.7)"``: what ``--version`` prints."""
+    import torch
+
+    return (f"perflab {perflab_version()} (torch {torch.__version__}, "
+            f"Python {platform.python_version()})")
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: imports torch only when asked (argparse's own takes a fixed string)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def _parse_optional_int(text: str) -> int | None:
@@ -22,38 +67,105 @@ def _parse_str_or_int(text: str) -> str | int:
     return int(text) if text.isdigit() else text
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    from perflab.config import PRESETS, RunConfig
+def parse_straggler(text: str):
+    """``"RANK:DELAY_S[:WHERE]"`` -> :class:`perflab.stragglers.Straggler`.
 
-    p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
-                   help="start from a named preset (default: quick)")
+    Raises:
+        ValueError: not of that form (the message shows an example).
+    """
+    from perflab.straggler import Straggler
+
+    parts = text.split(":")
+    try:
+        rank, delay = int(parts[0]), float(parts[1])
+    except (IndexError, ValueError):
+        raise ValueError(f"--straggler must be RANK:DELAY_S[:WHERE], e.g. "
+                         f"1:0.05:before_forward; got {text!r}") from None
+    if len(parts) > 3:
+        raise ValueError(f"--straggler must be RANK:DELAY_S[:WHERE], got {text!r}")
+    return Straggler(rank=rank, delay_s=delay, where=parts[2] if len(parts) == 3
+                     else "before_forward")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *, distributed: bool = True):
+    """Add ``--preset`` and one flag per :class:`RunConfig` field to ``parser``.
+
+    Flags are the field names with dashes (``--batch-size``); a flag not given keeps the
+    preset's value. Booleans get ``--x/--no-x``, ``Literal`` fields their choices,
+    ``int | None`` fields accept ``none``. ``--link`` takes a simulated-link preset name
+    and ``--straggler`` takes ``RANK:DELAY_S[:WHERE]``; :func:`config_from_args` turns
+    them into objects.
+
+    Args:
+        parser: the parser (or subparser) to extend.
+        distributed: also add the data-parallel fields (:data:`DDP_FIELDS`), as a group
+            of their own; False leaves them out (a command that runs one process).
+
+    Returns:
+        The data-parallel argument group (for more DDP-only flags), or None.
+    """
+    from perflab.config import PRESETS, RunConfig
+    from perflab.link import LINK_PRESETS
+
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="quick",
+                        help="start from a named preset (default: quick)")
+    ddp = parser.add_argument_group(
+        "data-parallel (DDP) flags", "used with --world-size N >= 2: N local ranks (gloo "
+        "on CPU, NCCL on GPUs), one result per rank") if distributed else None
     hints = typing.get_type_hints(RunConfig)
     for f in dataclasses.fields(RunConfig):
+        if f.name in DDP_FIELDS and ddp is None:
+            continue
+        group = ddp if f.name in DDP_FIELDS else parser
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         kw: dict = {"dest": f.name, "default": argparse.SUPPRESS,
                     "help": f"RunConfig.{f.name} (default {f.default!r})"}
-        if hint is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        if f.name == "link":
+            kw["help"] = (f"simulated interconnect: {', '.join(sorted(LINK_PRESETS))} or "
+                          "none (default none)")
+            group.add_argument(flag, metavar="PRESET|none", **kw)
+        elif f.name == "straggler":
+            kw["help"] = ("delay one rank every step, e.g. 1:0.05:before_forward (WHERE: "
+                          "before_forward, before_backward or data; default none)")
+            group.add_argument(flag, metavar="RANK:DELAY_S[:WHERE]", **kw)
+        elif hint is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         elif hint is int:
-            p.add_argument(flag, type=int, **kw)
+            group.add_argument(flag, type=int, **kw)
         elif hint is float:
-            p.add_argument(flag, type=float, **kw)
+            group.add_argument(flag, type=float, **kw)
         elif hint == (int | None) or hint == typing.Optional[int]:
-            p.add_argument(flag, type=_parse_optional_int, metavar="INT|none", **kw)
+            group.add_argument(flag, type=_parse_optional_int, metavar="INT|none", **kw)
         elif hint == (str | int):
-            p.add_argument(flag, type=_parse_str_or_int, metavar="NAME|INT", **kw)
+            group.add_argument(flag, type=_parse_str_or_int, metavar="NAME|INT", **kw)
         else:
             choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal \
                 else None
-            p.add_argument(flag, choices=choices, **kw)
+            group.add_argument(flag, choices=choices, **kw)
+    return ddp
 
 
-def _config_from(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace):
+    """The :class:`RunConfig` for parsed :func:`add_config_flags` flags: the preset with
+    every flag given applied; ``--link``/``--straggler`` text made into objects.
+
+    Raises:
+        ValueError: RunConfig's own validation, an unknown link preset, or a straggler
+            not of the form ``RANK:DELAY_S[:WHERE]`` (each message names the fix).
+    """
     from perflab.config import RunConfig
+    from perflab.link import SimulatedLink
 
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    return RunConfig.preset(args.preset, **{k: v for k, v in vars(args).items() if k in names})
+    values = {k: v for k, v in vars(args).items() if k in names}
+    if isinstance(values.get("link"), str):
+        text = values["link"]
+        values["link"] = None if text in ("none", "off") else SimulatedLink.preset(text)
+    if isinstance(values.get("straggler"), str):
+        text = values["straggler"]
+        values["straggler"] = None if text in ("none", "off") else parse_straggler(text)
+    return RunConfig.preset(args.preset, **values)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -78,11 +190,56 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def summary_table(results):
+    """One row per rank: step, compute, comm medians (ms), samples/s, delay (ms)."""
+    import pandas as pd
+
+    rows = [{"rank": r.rank, "step_ms": r.step.median * 1e3,
+             "compute_ms": r.phases["compute"].median * 1e3,
+             "comm_ms": r.phases["comm"].median * 1e3,
+             "samples_per_s": r.samples_per_s,
+             "delay_ms": r.extra["delay_s"] * 1e3} for r in results]
+    return pd.DataFrame(rows).set_index("rank").round(2)
+
+
+def run_ranks(config, *, timeout_s: float = 600.0, progress: bool = True,
+              save: bool = True) -> int:
+    """Start ``config.world_size`` local ranks (:func:`perflab.distributed.launch`) and
+    print one row per rank: what ``perflab run --world-size N`` and
+    ``python -m perflab.distributed`` (outside torchrun) do.
+
+    Returns:
+        The exit status: 0, or 1 when a rank failed or timed out (message on stderr).
+    """
+    from perflab.distributed import launch
+    from perflab.distributed.launch import LaunchTimeoutError, RankFailedError
+
+    try:
+        results = launch(config, timeout_s=timeout_s, progress=progress, save=save)
+    except (RankFailedError, LaunchTimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{config.display_label()}: {config.world_size} ranks, backend "
+          f"{results[0].extra.get('backend', '?')}")
+    print(summary_table(results).to_string())
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if config.world_size > 1:  # the same path as `python -m perflab.distributed`
+        if "RANK" in os.environ:
+            raise ValueError("perflab run starts its own ranks; under torchrun use "
+                             f"`torchrun ... -m perflab.distributed --world-size "
+                             f"{config.world_size} ...`")
+        return run_ranks(config, timeout_s=600.0 if args.timeout_s is None else args.timeout_s,
+                         progress=not args.quiet, save=not args.no_save)
+    if args.timeout_s is not None:
+        raise ValueError("--timeout-s applies to data-parallel runs only; add --world-size N "
+                         "(N >= 2) or leave it out")
     from perflab.diagnosis import diagnose
     from perflab.train import run
 
-    config = _config_from(args)
     result = run(config, progress=not args.quiet, save=not args.no_save)
     print(result)
     print()
@@ -97,10 +254,43 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from perflab.profiling import profile
 
-    config = _config_from(args)
+    config = config_from_args(args)
     summary = profile(config, active=args.active, tensorboard=args.tensorboard,
                       progress=not args.quiet)
     print(summary)
+    return 0
+
+
+def cmd_labs(args: argparse.Namespace) -> int:
+    from perflab.labs_index import lab_map, lab_times_path
+
+    table = lab_map(start_here=True)
+    width = max(len(t) for t in table.title)
+    timew = max(len(t) for t in table.nbval_time)
+    print(f"{'lab':<4}{'title':<{width + 2}}{'nbval time':<{timew + 2}}question")
+    for row in table.itertuples():
+        print(f"{row.lab:<4}{row.title:<{width + 2}}{row.nbval_time:<{timew + 2}}"
+              f"{row.question}")
+    where = lab_times_path()
+    if table.nbval_s.isna().all():
+        print(f"\nnbval time: not measured yet on this machine (run `make test`; the times "
+              f"are saved in {where})")
+    else:
+        print(f"\nnbval time: the solution notebook run top to bottom under nbval by the "
+              f"last test run ({where})")
+    return 0
+
+
+def cmd_kernel_install(args: argparse.Namespace) -> int:
+    from ipykernel.kernelspec import install
+
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    dest = install(user=prefix is None, kernel_name=args.name, display_name=args.display_name,
+                   prefix=None if prefix is None else str(prefix))
+    print(f"installed Jupyter kernel {args.name!r} ({args.display_name}, {sys.executable}) "
+          f"in {dest}")
+    print("choose it in JupyterLab, VS Code or any Jupyter on this machine to run the labs "
+          "with this environment")
     return 0
 
 
@@ -159,10 +349,6 @@ def cmd_course(args: argparse.Namespace) -> int:
     return 0
 
 
-def _memory_gib(text: str) -> float | None:
-    return None if text.lower() in ("none", "off", "0") else float(text)
-
-
 def cmd_course_record(args: argparse.Namespace) -> int:
     from perflab.course.build import record_check_outputs
 
@@ -174,37 +360,14 @@ def cmd_course_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lab_numbers(text: str) -> list[str]:
-    try:
-        return [f"{int(x):02d}" for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected lab numbers like 01,02; got {text!r}")
-
-
-def cmd_course_grade(args: argparse.Namespace) -> int:
-    from perflab.course.grading import Limits, grade_submissions
-    from perflab.course.report import write_feedback, write_scores_csv
-
-    sanitize = args.sanitize_with
-    if sanitize is None:  # the file the instructor's nbval run of solutions/ uses
-        shipped = args.reference.resolve().parent / "tests" / "nbval_sanitize.cfg"
-        sanitize = shipped if shipped.is_file() else None
-    limits = Limits(cell_timeout_s=args.cell_timeout, wall_timeout_s=args.wall_timeout,
-                    memory_gib=args.memory_gib)
-    grades = grade_submissions(args.submissions, args.reference, limits=limits,
-                               sanitize=sanitize, labs=args.labs, progress=print)
-    out = write_scores_csv(grades, args.out)
-    feedback = args.feedback or out.parent / "feedback"
-    write_feedback(grades, feedback)
-    errors = sum(1 for g in grades if g.error)
-    print(f"\nwrote {out} ({len({g.student for g in grades})} students) and feedback in "
-          f"{feedback}/" + (f"; {errors} notebook(s) could not be graded" if errors else ""))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The ``perflab`` parser: one subcommand each, ``fn`` set to what runs it."""
+    from perflab.course.command import add_grade_arguments, grade_command
+
     parser = argparse.ArgumentParser(
         prog="perflab", description="Measured labs for making PyTorch training fast.")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print perflab's, torch's and Python's versions and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("doctor", help="environment, and what each lab can show here")
@@ -216,14 +379,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_data)
 
-    p = sub.add_parser("run", help="train, print the phase breakdown, save JSON")
-    _add_config_flags(p)
+    p = sub.add_parser(
+        "run", help="train, print the phase breakdown, save JSON",
+        description="Train one RunConfig and print its phase breakdown, throughput and "
+                    "diagnosis. With --world-size N (N >= 2) it runs N local data-parallel "
+                    "ranks, exactly as `python -m perflab.distributed` does, and prints one "
+                    "row per rank.")
+    add_config_flags(p).add_argument(
+        "--timeout-s", type=float, default=None,
+        help="stop ranks still running after this many seconds (default 600)")
     p.add_argument("--no-save", action="store_true", help="do not write results/*.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("profile", help="torch.profiler trace, top ops, diagnosis")
-    _add_config_flags(p)
+    p = sub.add_parser("profile", help="torch.profiler trace, top ops, diagnosis",
+                       description="Profile one process (the data-parallel flags are not "
+                                   "taken: `perflab run --world-size N` measures DDP runs).")
+    add_config_flags(p, distributed=False)
     p.add_argument("--active", type=int, default=3, help="profiled steps (default 3)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -253,6 +425,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_ladder)
 
+    p = sub.add_parser("labs", help="the lab map: each lab's question and its last "
+                       "measured run time")
+    p.set_defaults(fn=cmd_labs)
+
+    p = sub.add_parser("kernel", help="register this environment as a Jupyter kernel")
+    ksub = p.add_subparsers(dest="kernel_command", required=True)
+    k = ksub.add_parser(
+        "install", help="install the 'perflab' kernel (for VS Code or another Jupyter)",
+        description="Register this Python environment as a Jupyter kernel, so the labs run "
+                    "with perflab from VS Code, an existing JupyterLab or nbclient. "
+                    "Default: for this user (~/.local/share/jupyter/kernels).")
+    k.add_argument("--name", default="perflab", help="kernel name (default perflab)")
+    k.add_argument("--display-name", default="Python (perflab)",
+                   help="name shown in kernel pickers (default 'Python (perflab)')")
+    where = k.add_mutually_exclusive_group()
+    where.add_argument("--sys-prefix", action="store_true",
+                       help="install into this environment only (sys.prefix), not for the user")
+    where.add_argument("--prefix", type=Path, default=None,
+                       help="install into PREFIX/share/jupyter/kernels")
+    k.set_defaults(fn=cmd_kernel_install)
+
     p = sub.add_parser("course", help="course tooling")
     csub = p.add_subparsers(dest="course_command", required=True)
     b = csub.add_parser("build", help="write labs/ (student notebooks) from solutions/")
@@ -270,30 +463,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = csub.add_parser(
         "grade", help="grade SUBMISSIONS/<student>/NN_*.ipynb into a score table",
         description="Restore the reference check cells into each submitted notebook, run it "
-                    "under nbval in a subprocess with time and memory limits, and write "
-                    "scores.csv and per-student Markdown feedback.")
-    g.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
-    g.add_argument("--reference", default="solutions", type=Path,
-                   help="folder of reference notebooks NN_*.ipynb (default: solutions)")
-    g.add_argument("--out", default="scores.csv", type=Path, help="score table (CSV)")
-    g.add_argument("--feedback", default=None, type=Path,
-                   help="folder for <student>.md feedback (default: 'feedback' beside --out)")
-    g.add_argument("--labs", default=None, type=_lab_numbers, metavar="NN[,NN...]",
-                   help="comma-separated lab numbers to grade (default: all submitted)")
-    g.add_argument("--cell-timeout", type=float, default=600.0,
-                   help="per-cell timeout in seconds (default 600)")
-    g.add_argument("--wall-timeout", type=float, default=1800.0,
-                   help="wall-clock limit per notebook in seconds (default 1800)")
-    g.add_argument("--memory-gib", type=_memory_gib, default=8.0, metavar="GIB|none",
-                   help="address-space limit per process in GiB (default 8; 'none' on a GPU)")
-    g.add_argument("--sanitize-with", default=None, type=Path,
-                   help="nbval sanitize file (default: tests/nbval_sanitize.cfg beside "
-                        "the reference folder, if present)")
-    g.set_defaults(fn=cmd_course_grade)
+                    "under nbval in a sandbox with time and memory limits, and write "
+                    "scores.csv and per-student Markdown feedback (docs/INSTRUCTORS.md).")
+    add_grade_arguments(g)
+    g.set_defaults(fn=grade_command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status
+    (2 for a bad value, with the message on stderr)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

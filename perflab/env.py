@@ -16,14 +16,10 @@ import torch
 
 from perflab.config import resolve_device
 from perflab.dataset import EMBEDDED_NAME, dataset_fingerprint, default_data_root
+from perflab.labs_index import LABS
 from perflab.result import source_checkout_root
 
-__all__ = ["EnvSummary", "env_summary", "cpu_flags", "bf16_support", "lab_capabilities", "LABS"]
-
-#: The course: (number, title), as in the README's lab table.
-LABS = (("01", "Profile ResNet-18"), ("02", "Fix data loading"), ("03", "Mixed precision"),
-        ("04", "Activation checkpointing"), ("05", "torch.compile"), ("06", "DDP overlap"),
-        ("07", "Stragglers"), ("08", "Capstone"))
+__all__ = ["EnvSummary", "env_summary", "cpu_flags", "bf16_support", "lab_capabilities"]
 
 
 def cpu_flags() -> set[str]:
@@ -139,7 +135,7 @@ def lab_capabilities(device: str = "auto") -> list[dict[str, str]]:
     """One row per lab: whether it ships in this checkout and what this machine can show.
 
     Returns:
-        dicts with keys ``lab``, ``status`` ("ready" / "planned") and ``note``.
+        dicts with keys ``lab``, ``status`` ("ready", or "no notebook here" in a wheel install without the checkout) and ``note``.
     """
     import shutil
 
@@ -168,8 +164,10 @@ def lab_capabilities(device: str = "auto") -> list[dict[str, str]]:
     }
     root = source_checkout_root()
     rows = []
-    for num, title in LABS:
-        ready = bool(root and list((root / "solutions").glob(f"{num}_*.ipynb")))
-        rows.append({"lab": f"{num} {title}", "status": "ready" if ready else "planned",
-                     "note": notes[num]})
+    for lab in LABS:
+        ready = bool(root and (root / "labs" / lab.notebook).is_file())
+        # a wheel install has the library but not the notebooks (they ship in the checkout)
+        rows.append({"lab": f"{lab.number} {lab.title}",
+                     "status": "ready" if ready else "no notebook here",
+                     "note": notes[lab.number]})
     return rows

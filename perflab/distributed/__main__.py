@@ -10,8 +10,8 @@ rank 0 prints a table of all ranks::
 
 (multi-node: ``--nnodes N --node_rank i --rdzv_backend c10d --rdzv_endpoint HOST:PORT``,
 ``--nproc_per_node`` = GPUs per node; ``--world-size`` must equal nnodes x nproc).
-Without torchrun it starts the ranks itself with :func:`perflab.distributed.launch`;
-``perflab run --world-size N`` takes the same path (:func:`run_ranks`).
+Without torchrun it starts the ranks itself with :func:`perflab.distributed.launch`,
+as ``perflab run --world-size N`` does (:func:`perflab.cli.run_ranks`).
 
 Flags: every ``RunConfig`` field, as ``perflab run`` takes them
 (:func:`perflab.cli.add_config_flags`); ``--link`` takes a preset name (``1gbe``,
@@ -25,21 +25,10 @@ import os
 import sys
 from datetime import timedelta
 
-import pandas as pd
+from perflab.cli import (add_config_flags, config_from_args, parse_straggler, run_ranks,
+                         summary_table)
 
-from perflab.cli import add_config_flags, config_from_args, parse_straggler
-
-__all__ = ["main", "build_parser", "parse_straggler", "run_ranks", "summary_table"]
-
-
-def summary_table(results) -> pd.DataFrame:
-    """One row per rank: step, compute, comm medians (ms), samples/s, delay (ms)."""
-    rows = [{"rank": r.rank, "step_ms": r.step.median * 1e3,
-             "compute_ms": r.phases["compute"].median * 1e3,
-             "comm_ms": r.phases["comm"].median * 1e3,
-             "samples_per_s": r.samples_per_s,
-             "delay_ms": r.extra["delay_s"] * 1e3} for r in results]
-    return pd.DataFrame(rows).set_index("rank").round(2)
+__all__ = ["main", "build_parser", "parse_straggler", "summary_table"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,35 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-save", action="store_true", help="do not write results/*.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
-
-
-def run_ranks(config, *, timeout_s: float = 600.0, progress: bool = True,
-              save: bool = True) -> int:
-    """Run ``config`` on ``config.world_size`` ranks and print one row per rank.
-
-    Under ``torchrun`` (``RANK`` set) this process is one rank and rank 0 prints the
-    table; otherwise :func:`perflab.distributed.launch` starts the ranks here.
-
-    Returns:
-        The exit status: 0, 1 when a rank failed or timed out, 2 when torchrun started
-        a different number of ranks than ``config.world_size`` (each with a message on
-        stderr).
-    """
-    from perflab.distributed.launch import LaunchTimeoutError, RankFailedError
-
-    if "RANK" not in os.environ:  # not under torchrun: start the ranks ourselves
-        from perflab.distributed import launch
-
-        try:
-            results = launch(config, timeout_s=timeout_s, progress=progress, save=save)
-        except (RankFailedError, LaunchTimeoutError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        print(f"{config.display_label()}: {config.world_size} ranks, backend "
-              f"{results[0].extra.get('backend', '?')}")
-        print(summary_table(results).to_string())
-        return 0
-    return _torchrun_rank(config, timeout_s=timeout_s, progress=progress, save=save)
 
 
 def _torchrun_rank(config, *, timeout_s: float, progress: bool, save: bool) -> int:
@@ -130,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return run_ranks(config, timeout_s=args.timeout_s, progress=not args.quiet,
-                     save=not args.no_save)
+    if "RANK" not in os.environ:  # not under torchrun: start the ranks here
+        return run_ranks(config, timeout_s=args.timeout_s, progress=not args.quiet,
+                         save=not args.no_save)
+    return _torchrun_rank(config, timeout_s=args.timeout_s, progress=not args.quiet,
+                          save=not args.no_save)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""The lab map: each lab's number, title, notebook and the question it answers, and the
+run time of each lab as the last test run on this machine measured it.
+
+``LABS`` is the one list of labs: ``labs/00_start_here.ipynb``, ``perflab labs``,
+``perflab doctor`` and the README's lab table show it (a test keeps the README in step).
+Run times come from ``lab_times.json`` in the results folder, which the pytest plugin
+:mod:`perflab.course.nbval_times` rewrites after every nbval run of the solutions
+(``make test``): nothing here is typed in.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perflab.result import default_results_dir
+
+__all__ = ["Lab", "LABS", "START_HERE", "lab_times_path", "read_lab_times", "lab_map"]
+
+#: Version of the ``lab_times.json`` layout (``{"format": 1, "notebooks": {...}}``).
+LAB_TIMES_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One notebook of the course.
+
+    Attributes:
+        number: two digits, the start of the notebook's file name ("01").
+        title: as in the README's lab table.
+        question: the question the lab answers, in one sentence.
+        notebook: file name in ``labs/`` (student copy) and ``solutions/``.
+    """
+
+    number: str
+    title: str
+    question: str
+    notebook: str
+
+
+#: The landing page (no experiment of its own to speak of; listed apart from the labs).
+START_HERE = Lab("00", "Start here", "What is this course, how do checks and grading "
+                 "work, and how do I run a lab on a GPU?", "00_start_here.ipynb")
+
+#: The labs, in order.
+LABS: tuple[Lab, ...] = (
+    Lab("01", "Profile ResNet-18", "Where does a training step's time go, and how do you "
+        "time it correctly?", "01_profile_resnet18.ipynb"),
+    Lab("02", "Fix data loading", "Is the model starved by its input pipeline?",
+        "02_fix_data_loading.ipynb"),
+    Lab("03", "Mixed precision", "What do autocast and GradScaler buy, and what do they "
+        "cost?", "03_mixed_precision.ipynb"),
+    Lab("04", "Activation checkpointing", "Saved-activation memory vs recompute time",
+        "04_activation_checkpointing.ipynb"),
+    Lab("05", "torch.compile", "When does compiling pay?", "05_torch_compile.ipynb"),
+    Lab("06", "DDP overlap", "Compute vs allreduce, bucket size, overlap efficiency",
+        "06_ddp_overlap.ipynb"),
+    Lab("07", "Stragglers", "One slow rank slows every rank", "07_stragglers.ipynb"),
+    Lab("08", "Capstone", "The optimization ladder, MFU, a written report",
+        "08_capstone.ipynb"),
+)
+
+
+def lab_times_path(results_dir: str | Path | None = None) -> Path:
+    """``<results>/lab_times.json``; ``results_dir`` None ->
+    :func:`perflab.result.default_results_dir` (``$PERFLAB_RESULTS``, else ``results/``)."""
+    if results_dir is None:
+        results_dir = default_results_dir()
+    return Path(results_dir) / "lab_times.json"
+
+
+def read_lab_times(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Measured nbval run time per lab number: ``{"01": {"seconds": 95.2, "cells": 31,
+    "failed_cells": 0, "notebook": "solutions/01_...", "measured_at": "2026-...Z",
+    "preset": "quick", "machine": "..."}, ...}``; ``{}`` when nothing was measured yet.
+
+    Args:
+        path: the file; None -> :func:`lab_times_path`.
+
+    Raises:
+        ValueError: the file exists but is not a lab-times file (the message names it).
+    """
+    path = lab_times_path() if path is None else Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        notebooks = data["notebooks"]
+        if data.get("format") != LAB_TIMES_FORMAT or not isinstance(notebooks, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"{path} is not a lab-times file (format {LAB_TIMES_FORMAT}); "
+                         "delete it and run `make test` to measure again") from None
+    return notebooks
+
+
+def lab_map(times: dict[str, dict[str, Any]] | None = None, *, start_here: bool = False):
+    """The lab map as a DataFrame: one row per lab with ``lab``, ``title``, ``question``,
+    ``notebook``, ``nbval_s`` (seconds, NaN when not measured), ``nbval_time`` (text:
+    "95 s (quick)", "95 s (quick, 2 failed cells)" or "not measured yet"),
+    ``measured_at``, ``preset`` and ``machine``.
+
+    Args:
+        times: :func:`read_lab_times`'s result; None reads the default file.
+        start_here: also list ``00_start_here`` first.
+    """
+    import pandas as pd
+
+    times = read_lab_times() if times is None else times
+    rows = []
+    for lab in ((START_HERE,) if start_here else ()) + LABS:
+        t = times.get(lab.number) or {}
+        seconds = t.get("seconds")
+        notes = [x for x in (t.get("preset"), t.get("failed_cells") and
+                             f"{t['failed_cells']} failed cells") if x]
+        text = "not measured yet" if seconds is None else f"{seconds:.0f} s" + (
+            f" ({', '.join(notes)})" if notes else "")
+        rows.append({"lab": lab.number, "title": lab.title, "question": lab.question,
+                     "notebook": lab.notebook,
+                     "nbval_s": float("nan") if seconds is None else float(seconds),
+                     "nbval_time": text, "measured_at": t.get("measured_at"),
+                     "preset": t.get("preset"), "machine": t.get("machine")})
+    return pd.DataFrame(rows)
