@@ -1,15 +1,20 @@
 """Fixtures for the real-browser tests: one JupyterLab server and one headless Chromium
 for the whole session. They skip, saying why, when Debian's chromium or Playwright for
-Python is missing (`.ci/run` installs both, so CI runs them)."""
+Python is missing (`.ci/run` installs both, so CI runs them).
+
+The server serves each solution trimmed to what its panels need (:mod:`.trim`; nbval
+runs the whole notebooks) and runs kernels at the ``tiny`` preset: the browser tests
+check that the panels work in JupyterLab, not the labs' numbers."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from .labserver import OUTPUT, LabServer, solution_notebooks
+from .trim import Trimmed, trim_to_panels
 
 CHROMIUM = Path(os.environ.get("PERFLAB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
@@ -18,17 +23,25 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
 
 
 @pytest.fixture(scope="session")
-def lab_server(tmp_path_factory):
-    """JupyterLab on 127.0.0.1 (free port, random token) serving a copy of solutions/."""
+def trimmed_labs() -> dict[str, Trimmed]:
+    """Solution file name -> its copy trimmed to the set-up and panel cells."""
+    return {nb.name: trim_to_panels(nbformat.read(nb, as_version=4), name=nb.name)
+            for nb in solution_notebooks()}
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory, trimmed_labs):
+    """JupyterLab on 127.0.0.1 (free port, random token) serving the trimmed solutions,
+    kernels at ``PERFLAB_PRESET`` (default ``tiny``)."""
     for old in OUTPUT.glob("*.png"):  # screenshots of this run only
         old.unlink()
     tmp = tmp_path_factory.mktemp("jupyterlab")
     root = tmp / "notebooks"
     root.mkdir()
-    for nb in solution_notebooks():
-        shutil.copy(nb, root / nb.name)
-    env = {"PERFLAB_RESULTS": str(tmp / "results"),  # the browser checks rendering:
-           "PERFLAB_PRESET": os.environ.get("PERFLAB_PRESET", "quick")}  # quick size
+    for name, trimmed in trimmed_labs.items():
+        nbformat.write(trimmed.notebook, root / name)
+    env = {"PERFLAB_RESULTS": str(tmp / "results"),
+           "PERFLAB_PRESET": os.environ.get("PERFLAB_PRESET", "tiny")}
     server = LabServer(root, tmp, log=OUTPUT / "jupyterlab.log", env=env)
     server.start()
     yield server
