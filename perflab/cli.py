@@ -462,9 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_course_record)
     g = csub.add_parser(
         "grade", help="grade SUBMISSIONS/<student>/NN_*.ipynb into a score table",
-        description="Restore the reference check cells into each submitted notebook, run it "
-                    "under nbval in a sandbox with time and memory limits, and write "
-                    "scores.csv and per-student Markdown feedback (docs/INSTRUCTORS.md).")
+        description="Put each submission's answers into the reference notebook, run it "
+                    "under nbval in a bubblewrap sandbox, judge each check outside it, and "
+                    "write scores.csv row by row, student feedback and instructor files "
+                    "(docs/INSTRUCTORS.md).")
     add_grade_arguments(g)
     g.set_defaults(fn=grade_command)
     return parser

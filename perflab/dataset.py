@@ -177,6 +177,7 @@ def build_dataset(root: str | os.PathLike[str] | None = None, *, seed: int = 0,
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}.tmp-", dir=root))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700; readers (e.g. a grading sandbox's user) need r-x
     try:
         for split in SPLITS:
             for cls in CLASSES:

@@ -1,29 +1,39 @@
-"""perflab course grade: restore the reference checks, run under nbval, score, report.
+"""perflab course grade: answers into the reference, a sandbox, verdicts judged outside.
 
-Most cases use a small synthetic lab (a kernel start and a few cells each); one slow
-test grades a doctored copy of the real Lab 01 end to end. Submissions are generated
-here from the reference with ``build_lab`` (the student version) plus edits.
+Most cases use a small synthetic lab (a kernel start and a few cells each) or no kernel
+at all; the attacks are in test_grading_attacks.py, the sandbox in
+test_grading_sandbox.py. Submissions are generated from the reference with
+``build_lab`` (the student version) plus edits.
 """
 from __future__ import annotations
 
+import argparse
 import csv
-import shutil
+import math
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 
-from conftest import slow
-from perflab.cli import main
+from perflab.course.answers import (SKIP_TAG, Flag, answers_of, assemble, scan_answer,
+                                    written_answers)
 from perflab.course.build import build_lab
-from perflab.course.grading import (Limits, grade_notebook, grade_submissions, lab_key,
-                             protected_cells, restore_checks)
-from perflab.course.report import write_feedback, write_scores_csv
+from perflab.course.checks import (FACTS_MARKER, judge_names, parse_facts, run_judge,
+                                   split_check)
+from perflab.course.command import add_grade_arguments, grade_command
+from perflab.course.grading import (CheckResult, LabGrade, Limits, grade_submissions,
+                                    lab_key)
+from perflab.course.report import ScoreTable, write_answers, write_feedback, write_scores_csv
 
 ROOT = Path(__file__).resolve().parents[1]
-SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 FAST = Limits(cell_timeout_s=20, wall_timeout_s=120, memory_gib=8)
+
+DOUBLE_CHECK = ('got = {"2": double(2)}\n'
+                '### BEGIN HIDDEN TESTS\ngot["-3"] = double(-3)\n### END HIDDEN TESTS\n'
+                '### JUDGE\n'
+                'assert got["2"] == 4, f"double(2) returned {got[\'2\']!r}, expected 4"\n'
+                '### BEGIN HIDDEN TESTS\nassert got["-3"] == -6, "double(-3) should be -6"\n'
+                '### END HIDDEN TESTS\nprint("PASS: double doubles")')
 
 
 def _code(src, *, out=None, tags=None, **nbg):
@@ -43,25 +53,35 @@ def _check(gid, points, src, out):
                  locked=True, grade_id=gid, points=points)
 
 
-def _solution(gid, src):
-    return _code(src, grade=False, solution=True, locked=False, grade_id=gid)
+def _solution(gid, src, allow=None):
+    c = _code(src, grade=False, solution=True, locked=False, grade_id=gid)
+    if allow:
+        c.metadata["perflab"] = {"allow": allow}
+    return c
 
 
-def reference_nb() -> nbformat.NotebookNode:
-    """A 4-point lab: two exercises, one check with hidden tests, one independent check."""
+def reference_nb(allow=None) -> nbformat.NotebookNode:
+    """A 4-point lab: two exercises (one with hidden tests), one independent check, a
+    skipped slow cell and a written answer."""
+    written = nbformat.v4.new_markdown_cell("### BEGIN SOLUTION\nBecause the reference "
+                                            "says SECRET-WRITTEN.\n### END SOLUTION")
+    written.metadata["nbgrader"] = {"schema_version": 3, "grade": True, "solution": True,
+                                    "locked": False, "grade_id": "explain", "points": 1}
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# Lab 09 — synthetic"),
         _code("base = 10"),
-        _solution("my_answer", "### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION"),
+        _solution("my_answer", "### BEGIN SOLUTION\nanswer = 42  # SECRET-SOLUTION\n"
+                  "### END SOLUTION", allow),
         _check("check_answer", 2, 'assert answer == 42, f"answer is {answer}, expected 42"\n'
                'print("PASS: answer is 42")', "PASS: answer is 42\n"),
+        _code("import time\ntime.sleep(60)\nslow = 1", tags=[SKIP_TAG]),
         _solution("my_double", "### BEGIN SOLUTION\ndef double(v):\n    return 2 * v\n"
                   "### END SOLUTION"),
-        _check("check_double", 1, 'assert double(2) == 4, "double(2) should be 4"\n'
-               '### BEGIN HIDDEN TESTS\nassert double(-3) == -6, "double(-3) should be -6"\n'
-               '### END HIDDEN TESTS\nprint("PASS: double doubles")', "PASS: double doubles\n"),
-        _check("check_base", 1, 'assert base == 10\nprint("PASS: took 1.5 s")',
-               "PASS: took 2.0 s\n"),  # the sanitize file masks the timing
+        _check("check_double", 1, DOUBLE_CHECK, "PASS: double doubles\n"),
+        _check("check_base", 1, 'assert base == 10\nprint("PASS: base is 10")',
+               "PASS: base is 10\n"),
+        nbformat.v4.new_markdown_cell("Predict, then explain: why 42?"),
+        written,
     ])
     nb.metadata["kernelspec"] = {"name": "python3", "language": "python",
                                  "display_name": "Python 3"}
@@ -77,15 +97,18 @@ def reference(tmp_path) -> Path:
 
 
 def student_nb(reference: Path, answer="answer = 42",
-               double="def double(v):\n    return 2 * v") -> nbformat.NotebookNode:
-    """The student version of the reference, with the two exercises filled in."""
+               double="def double(v):\n    return 2 * v",
+               explain="It is the answer.") -> nbformat.NotebookNode:
+    """The student version of the reference, with the exercises filled in."""
     nb = nbformat.reads(build_lab(reference / "09_synthetic.ipynb"), as_version=4)
     for c in nb.cells:
-        gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        gid = _gid(c)
         if gid == "my_answer":
             c.source = answer
         elif gid == "my_double":
             c.source = double
+        elif gid == "explain":
+            c.source = explain
     return nb
 
 
@@ -105,64 +128,6 @@ def _edit(nb, gid, src):
     return nb
 
 
-# -- restoring the reference checks (no kernel) -----------------------------------------
-
-def test_restore_replaces_edited_and_reinserts_deleted_checks(reference):
-    ref = nbformat.read(str(reference / "09_synthetic.ipynb"), as_version=4)
-    nb = student_nb(reference)
-    _drop(nb, "check_answer")
-    _edit(nb, "check_double", 'print("PASS: double doubles")')  # hidden tests gone too
-    nb.cells.append(nbformat.v4.new_code_cell("scratch = 1"))
-    out = restore_checks(nb, ref)
-    order = [_gid(c) or c.source for c in out.cells if c.cell_type == "code"]
-    assert order == ["base = 10", "my_answer", "check_answer", "my_double", "check_double",
-                     "check_base", "scratch = 1"]
-    by_gid = {_gid(c): c for c in out.cells if _gid(c)}
-    for gid, ref_cell in protected_cells(ref).items():
-        assert by_gid[gid].source == ref_cell.source
-        assert by_gid[gid].outputs == ref_cell.outputs  # nbval compares against these
-    assert "### BEGIN HIDDEN TESTS" in by_gid["check_double"].source
-    assert by_gid["my_answer"].source == "answer = 42"  # the student's own code stays
-
-
-def test_restore_anchors_on_cell_ids_and_drops_duplicates(reference):
-    ref = nbformat.read(str(reference / "09_synthetic.ipynb"), as_version=4)
-    nb = student_nb(reference)
-    check = next(c for c in nb.cells if _gid(c) == "check_answer")
-    nb.cells.append(check)  # a pasted copy of a check earns nothing twice
-    assert [_gid(c) for c in restore_checks(nb, ref).cells].count("check_answer") == 1
-    # with its exercise deleted too, the check goes back after 'base = 10' (matched by id)
-    nb.cells = [c for c in nb.cells if _gid(c) not in ("my_answer", "check_answer")]
-    out = restore_checks(nb, ref)
-    assert [c.source for c in out.cells][1:3] == ["base = 10", ref.cells[3].source]
-
-
-def test_restore_clears_student_outputs_and_grade_claims(reference):
-    ref = nbformat.read(str(reference / "09_synthetic.ipynb"), as_version=4)
-    nb = student_nb(reference)
-    fake = _code('print("PASS: answer is 42")', out="PASS: answer is 42\n", grade=True,
-                 grade_id="my_bonus", points=100)
-    nb.cells.append(fake)
-    out = restore_checks(nb, ref)
-    last = out.cells[-1]
-    assert last.outputs == [] and last.execution_count is None
-    assert last.metadata.nbgrader["grade"] is False
-
-
-def test_lab_key():
-    assert lab_key("x/01_profile_resnet18.ipynb") == "01"
-    assert lab_key("01-profile.ipynb") is None and lab_key("1_x.ipynb") is None
-
-
-def test_limits_reject_bad_values():
-    with pytest.raises(ValueError, match="timeouts must be > 0"):
-        Limits(cell_timeout_s=0)
-    with pytest.raises(ValueError, match="memory_gib must be > 0"):
-        Limits(memory_gib=0)
-
-
-# -- grading a batch (one kernel per submission) ----------------------------------------
-
 def _write(folder: Path, student: str, nb_or_text, name="09_synthetic.ipynb") -> Path:
     d = folder / student
     d.mkdir(parents=True, exist_ok=True)
@@ -173,84 +138,257 @@ def _write(folder: Path, student: str, nb_or_text, name="09_synthetic.ipynb") ->
     return d / name
 
 
-def test_grade_batch_scores_csv_and_feedback(reference, tmp_path):
+# -- the check-cell format (no kernel) ----------------------------------------------------
+
+def test_split_check_cuts_at_judge_and_finds_the_facts():
+    check = split_check(DOUBLE_CHECK)
+    assert check.probe.startswith('got = {"2": double(2)}') and "### JUDGE" not in check.probe
+    assert check.judge.startswith("### JUDGE") and check.names == ("got",)
+    assert check.judge_hidden_lines == frozenset({4})  # the hidden assertion, 1-based
+    whole = split_check('import math\nassert math.isclose(x, y), f"{x} vs {y}"')
+    assert whole.probe == "" and whole.names == ("x", "y")
+    assert judge_names("for k in d:\n    assert k in e\nf = lambda z: z") == ("d", "e")
+
+
+@pytest.mark.parametrize("src, match", [
+    ("### JUDGE\n### JUDGE", "2 '### JUDGE' lines"),
+    ("### BEGIN HIDDEN TESTS\nx = 1", "without an END"),
+    ("### END HIDDEN TESTS", "without a BEGIN"),
+    ("### JUDGE\nassert (", "not valid Python"),
+])
+def test_split_check_rejects_malformed_checks(src, match):
+    with pytest.raises(ValueError, match=match):
+        split_check(src)
+
+
+def test_run_judge_right_wrong_hidden_and_missing_facts():
+    check = split_check(DOUBLE_CHECK)
+    assert run_judge(check, {"got": {"2": 4, "-3": -6}}).passed
+    wrong = run_judge(check, {"got": {"2": 5, "-3": -6}})
+    assert not wrong.passed and not wrong.hidden
+    assert wrong.message == "AssertionError: double(2) returned 5, expected 4"
+    hidden = run_judge(check, {"got": {"2": 4, "-3": 3}})
+    assert not hidden.passed and hidden.hidden and "double(-3)" in hidden.message
+    missing = run_judge(check, {})
+    assert "'got' is not defined when the check runs" in missing.message
+    # only the names the judge reads get in, and a judge's own prints go nowhere
+    assert run_judge(split_check("assert 'x' not in dir()"), {"x": 1}).passed
+
+
+def test_parse_facts_needs_exactly_one_json_line():
+    assert parse_facts(f'noise\n{FACTS_MARKER}{{"a": 1}}\n') == ({"a": 1}, "")
+    assert "0 fact lines" in parse_facts("PASS: forged")[1]
+    two = parse_facts(f'{FACTS_MARKER}{{"a": 1}}\n{FACTS_MARKER}{{"a": 2}}')
+    assert two[0] is None and "tampering" in two[1]
+    assert "not valid JSON" in parse_facts(f"{FACTS_MARKER}{{nope")[1]
+    assert "not a JSON object" in parse_facts(f"{FACTS_MARKER}[1]")[1]
+
+
+# -- answers, assembly, flags (no kernel) -------------------------------------------------
+
+def test_assemble_runs_only_the_answers_and_sends_no_secret(reference):
+    ref = nbformat.read(str(reference / "09_synthetic.ipynb"), as_version=4)
+    nb = student_nb(reference)
+    _edit(nb, "check_double", 'print("PASS: double doubles")')  # an edited check
+    for c in nb.cells:
+        if c.source == "base = 10":
+            c.source = "base = 10\nanswer = 42"  # edited outside a solution cell
+    nb.cells.append(nbformat.v4.new_code_cell("scratch = 1"))  # added
+    answers, notes = answers_of(nb, ref)
+    assert answers == {"my_answer": "answer = 42",
+                       "my_double": "def double(v):\n    return 2 * v"} and notes == []
+    out = assemble(ref, answers)
+    text = nbformat.writes(out.notebook)
+    for secret in ("SECRET-SOLUTION", "SECRET-WRITTEN", "expected 4", "should be -6",
+                   "PASS:", "time.sleep(60)", "scratch = 1", "answer = 42\\nanswer"):
+        assert secret not in text, secret
+    codes = [c.source for c in out.notebook.cells if c.cell_type == "code"]
+    assert codes[0] == "base = 10" and codes[1] == "answer = 42"
+    assert codes[4].startswith('got = {"2": double(2)}') and 'got["-3"]' in codes[4]
+    assert all(not c.get("outputs") for c in out.notebook.cells if c.cell_type == "code")
+    assert out.points == {"check_answer": 2, "check_double": 1, "check_base": 1}
+    assert out.after == {"my_answer": ["check_answer", "check_double", "check_base"],
+                         "my_double": ["check_double", "check_base"]}
+    assert out.skipped == 1
+
+
+def test_missing_and_duplicated_answers(reference):
+    ref = nbformat.read(str(reference / "09_synthetic.ipynb"), as_version=4)
+    nb = _drop(student_nb(reference), "my_double")
+    nb.cells.append(_solution("my_answer", "answer = 0"))
+    answers, notes = answers_of(nb, ref)
+    assert answers == {"my_answer": "answer = 42"}
+    assert notes == ["answer cell 'my_answer' appears more than once; the first is graded",
+                     "answer cell 'my_double' is missing from the submission"]
+    codes = [c.source for c in assemble(ref, answers).notebook.cells if c.cell_type == "code"]
+    assert "no answer for 'my_double' in the submission" in codes[3]
+
+
+@pytest.mark.parametrize("src, keys", [
+    ("import os", ["import os"]),
+    ("from sys import modules", ["import sys"]),
+    ("import ctypes as c, gc", ["import ctypes", "import gc"]),
+    ("get_ipython().events.register('pre_run_cell', f)", ["name get_ipython"]),
+    ("!ls /", ["IPython system", "name get_ipython"]),
+    ("%timeit f()", ["IPython run_line_magic", "name get_ipython"]),
+    ("m = __import__('o' + 's')", ["name __import__"]),
+    ("().__class__.__base__.__subclasses__()",
+     ["attribute __base__", "attribute __class__", "attribute __subclasses__"]),
+    ("perflab.measure = lambda *a: 1", ["module attribute perflab.measure"]),
+    ("import json\njson.dumps = str", ["module attribute json.dumps"]),
+    ("setattr(torch, 'compile', f)", ["name setattr"]),
+    ("open('x.txt', 'w').write('1')", ["open for writing"]),
+    ("exec('x = 1')", ["name exec"]),
+])
+def test_scan_answer_flags_reaching_into_the_machinery(src, keys):
+    flags = scan_answer("ex", "x = 1\n" + src)
+    assert sorted(f.key for f in flags) == sorted(keys)
+    assert all(f.line == 2 + src.count("\n") and f.grade_id == "ex" for f in flags)
+
+
+def test_scan_answer_leaves_ordinary_answers_alone_and_honours_allow():
+    ordinary = ("import math\nimport torch\nfrom dataclasses import replace\n"
+                "def f(x):\n    return math.sqrt(x)\nmodel.fc = torch.nn.Linear(2, 2)\n"
+                "open('data.txt').read()\ncfg = replace(cfg, batch_size=8)\n"
+                "class A:\n    def __init__(self):\n        super().__init__()\n"
+                "not valid python (")
+    assert scan_answer("ex", ordinary[:-len("not valid python (")]) == []
+    assert scan_answer("ex", ordinary) == []  # a syntax error fails when it runs
+    src = "import os\ntorch.backends.cudnn.benchmark = True"
+    assert scan_answer("ex", src, allow=["import os", "module attribute torch.backends"]) == []
+    assert [str(f) for f in scan_answer("ex", src, allow=["import os"])] == [
+        "ex line 2: module attribute torch.backends.cudnn.benchmark"]
+
+
+def test_lab_key():
+    assert lab_key("x/01_profile_resnet18.ipynb") == "01"
+    assert lab_key("01-profile.ipynb") is None and lab_key("1_x.ipynb") is None
+
+
+@pytest.mark.parametrize("field", ["cell_timeout_s", "wall_timeout_s", "memory_gib", "nproc",
+                                   "cpu_s"])
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf])
+def test_limits_reject_nan_zero_and_infinite_values(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be a finite number > 0"):
+        Limits(**{field: value})
+    assert Limits(memory_gib=None, cpu_s=None).memory_gib is None
+
+
+# -- reports (no kernel) ------------------------------------------------------------------
+
+def _grade(student, points, *, hidden=False, message="m", lab="09") -> LabGrade:
+    return LabGrade(student, lab, Path(f"{lab}_x.ipynb"), [
+        CheckResult("check_a", 2, points, "passed" if points else "failed", message, hidden),
+        CheckResult("check_b", 1, 1, "passed")], log="nbval log with hidden source")
+
+
+def test_score_table_rows_are_atomic_and_resumable(tmp_path):
+    path = tmp_path / "scores.csv"
+    table = ScoreTable(path, {"09": ["check_a", "check_b"]})
+    table.add("bo", [_grade("bo", 2)])
+    first = list(csv.DictReader(path.open()))
+    assert first == [{"student": "bo", "09:check_a": "2", "09:check_b": "1", "total": "3",
+                      "max_total": "3", "flags": "", "errors": ""}]
+    g = _grade("al", 0)
+    g.flags.append(Flag("my_x", 3, "import os"))
+    g.error = ""
+    table.add("al", [g])
+    rows = list(csv.DictReader(path.open()))
+    assert [r["student"] for r in rows] == ["al", "bo"]
+    assert rows[0]["flags"] == "lab 09: my_x line 3: import os"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".scores")]  # no temp left
+    again = ScoreTable(path, {"09": ["check_a", "check_b"]}, resume=True)
+    assert again.students() == {"al", "bo"} == again.resumed
+    with pytest.raises(ValueError, match="written for other labs"):
+        ScoreTable(path, {"01": ["check_z"]}, resume=True)
+    assert ScoreTable(path, {"01": ["check_z"]}).students() == set()  # no resume: fresh
+
+
+def test_feedback_never_leaks_hidden_tests_reference_values_or_logs(tmp_path):
+    long = "AssertionError: you gave " + "REFERENCE-ANSWER " * 40
+    grades = [_grade("ada", 0, message=long), _grade("bob", 0, hidden=True,
+                                                    message="expected -6 (SECRET)")]
+    write_feedback(grades, tmp_path / "feedback", tmp_path / "instructor")
+    ada = (tmp_path / "feedback" / "ada.md").read_text()
+    assert "**Total: 1 / 3 points.**" in ada and "| `check_a` | 0 / 2 | failed |" in ada
+    assert ada.count("REFERENCE-ANSWER") < 20 and "[...]" in ada
+    bob = (tmp_path / "feedback" / "bob.md").read_text()
+    assert "SECRET" not in bob and "a hidden test failed" in bob
+    assert sorted(p.name for p in (tmp_path / "feedback").iterdir()) == ["ada.md", "bob.md"]
+    inst = tmp_path / "instructor"
+    assert "expected -6 (SECRET)" in (inst / "bob-09.md").read_text()
+    assert (inst / "bob-09.log").read_text() == "nbval log with hidden source"
+    out = write_scores_csv(grades, tmp_path / "all.csv")
+    assert [r["total"] for r in csv.DictReader(out.open())] == ["1", "1"]
+
+
+def test_written_answers_collected_with_measured_numbers(reference, tmp_path):
+    ref = nbformat.read(str(reference / "09_synthetic.ipynb"), as_version=4)
+    nb = student_nb(reference, explain="Forty-two, as I measured.")
+    base = next(c for c in nb.cells if c.source == "base = 10")
+    base.outputs = [nbformat.v4.new_output("stream", name="stdout", text="step 0.123 s\n")]
+    (w,) = written_answers(nb, ref)
+    assert w["answer"] == "Forty-two, as I measured." and w["question"].startswith("Predict")
+    assert w["measured"] == ["step 0.123 s"] and w["points"] == 1
+    g = _grade("ada", 2)
+    g.written = [w]
+    (path,) = write_answers([g], tmp_path / "answers")
+    text = path.read_text()
+    assert path.name == "09.md" and "### ada" in text and "step 0.123 s" in text
+
+
+# -- grading with a kernel ------------------------------------------------------------------
+
+def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     subs = tmp_path / "submissions"
     _write(subs, "a_correct", student_nb(reference))
-    _write(subs, "b_wrong", student_nb(reference, answer="answer = 41"))
-    tamper = student_nb(reference, double="def double(v):\n    return v + 2")
-    _drop(tamper, "check_answer")
-    _edit(tamper, "check_double", 'print("PASS: double doubles")')
+    _write(subs, "b_wrong", student_nb(reference, answer="answer = 41",
+                                        double="def double(v):\n    return v + 2"))
+    tamper = student_nb(reference, answer="answer = 41")
+    _edit(tamper, "check_answer", 'answer = 42\nprint("PASS: answer is 42")')
+    _drop(tamper, "check_double")
+    tamper.cells.append(nbformat.v4.new_code_cell("answer = 42"))
     _write(subs, "c_tamper", tamper)
     _write(subs, "d_hang", student_nb(reference, double="while True:\n    pass"))
     _write(subs, "e_invalid", "{ this is not json")
     (subs / "f_nothing").mkdir()
-    lines: list[str] = []
-    grades = grade_submissions(subs, reference, sanitize=SANITIZE, progress=lines.append,
-                               limits=Limits(cell_timeout_s=3, wall_timeout_s=120))
-    score = {g.student: g.points for g in grades}
-    assert score == {"a_correct": 4, "b_wrong": 2, "c_tamper": 3, "d_hang": 2,
-                     "e_invalid": 0, "f_nothing": 0}
-    g = {g.student: g for g in grades}
-    wrong = {c.grade_id: c for c in g["b_wrong"].checks}
-    assert wrong["check_answer"].status == "failed"
-    assert "AssertionError: answer is 41, expected 42" in wrong["check_answer"].message
-    tampered = {c.grade_id: c for c in g["c_tamper"].checks}
-    assert tampered["check_answer"].status == "passed"  # restored, and it passes
-    assert "double(-3) should be -6" in tampered["check_double"].message  # hidden test back
-    hang = {c.grade_id: c for c in g["d_hang"].checks}
-    assert hang["check_answer"].status == "passed"
-    assert hang["check_double"].status == hang["check_base"].status == "not run"
-    assert "code cell 4 ('while True:') stopped the notebook: Timeout of 3 seconds" \
-        in hang["check_double"].message
-    assert "is not a valid notebook" in g["e_invalid"].error
-    assert g["f_nothing"].error == "no 09_*.ipynb submitted"
-    assert len(lines) == 6 and lines[0].startswith("a_correct")
-
-    out = write_scores_csv(grades, tmp_path / "scores.csv")
-    rows = list(csv.DictReader(out.open()))
-    assert list(rows[0]) == ["student", "09:check_answer", "09:check_double", "09:check_base",
-                             "total", "max_total", "errors"]
-    assert [(r["student"], r["total"], r["max_total"]) for r in rows] == [
-        ("a_correct", "4", "4"), ("b_wrong", "2", "4"), ("c_tamper", "3", "4"),
-        ("d_hang", "2", "4"), ("e_invalid", "0", "4"), ("f_nothing", "0", "4")]
-    assert rows[1]["09:check_answer"] == "0" and rows[1]["09:check_double"] == "1"
-    assert "not a valid notebook" in rows[4]["errors"] and rows[0]["errors"] == ""
-
-    written = write_feedback(grades, tmp_path / "feedback")
-    assert [p.name for p in written] == [f"{s}.md" for s in score]
-    fb = (tmp_path / "feedback" / "b_wrong.md").read_text()
-    assert "**Total: 2 / 4 points.**" in fb and "answer is 41, expected 42" in fb
-    assert "| `check_answer` | 0 / 2 | failed |" in fb
-    assert "Every check passed." in (tmp_path / "feedback" / "a_correct.md").read_text()
-    assert (tmp_path / "feedback" / "a_correct-09.log").exists()
+    args = argparse.ArgumentParser()
+    add_grade_arguments(args)
+    out = tmp_path / "out" / "scores.csv"
+    argv = [str(subs), "--reference", str(reference), "--out", str(out), "--jobs", "2",
+            "--cell-timeout", "5", "--wall-timeout", "120"]
+    assert grade_command(args.parse_args(argv)) == 0
+    text = capsys.readouterr().out
+    assert "graded 4, errored 2, flagged 0 notebook(s)" in text
+    rows = {r["student"]: r for r in csv.DictReader(out.open())}
+    assert {s: r["total"] for s, r in rows.items()} == {
+        "a_correct": "4", "b_wrong": "1", "c_tamper": "2", "d_hang": "2", "e_invalid": "0",
+        "f_nothing": "0"}
+    assert rows["b_wrong"]["09:check_answer"] == "0" and rows["b_wrong"]["09:check_base"] == "1"
+    assert "not a valid notebook" in rows["e_invalid"]["errors"]
+    assert rows["f_nothing"]["errors"] == "lab 09: no 09_*.ipynb submitted"
+    fb = (tmp_path / "out" / "feedback" / "b_wrong.md").read_text()
+    assert "answer is 41, expected 42" in fb  # the check's own message
+    assert "a hidden test failed" in fb and "should be -6" not in fb  # double(-3) == -1
+    assert "should be -6" in (tmp_path / "out" / "instructor" / "b_wrong-09.md").read_text()
+    assert "| `check_double` | 0 / 1 | failed |" in fb
+    hang = (tmp_path / "out" / "instructor" / "d_hang-09.md").read_text()
+    assert "stopped the notebook: Timeout of 5 seconds" in hang
+    answers = (tmp_path / "out" / "instructor" / "answers" / "09.md").read_text()
+    assert "It is the answer." in answers
+    # --resume grades nobody again
+    assert grade_command(args.parse_args(argv + ["--resume"])) == 0
+    assert "graded 0, errored 0, flagged 0" in capsys.readouterr().out
 
 
-def test_grade_memory_limit_applies_to_the_kernel(reference, tmp_path):
-    # 6 GiB of untouched zero pages fit any machine, not a 4 GiB address space: a
-    # MemoryError in the student's cell, so the check that needs it fails (NameError);
-    # the independent one still passes.
-    nb = student_nb(reference, answer="blob = bytearray(6 * 2**30)\nanswer = 42")
-    path = _write(tmp_path / "subs", "greedy", nb)
-    g = grade_notebook(path, reference / "09_synthetic.ipynb", sanitize=SANITIZE,
-                       limits=Limits(cell_timeout_s=30, wall_timeout_s=120, memory_gib=4))
-    checks = {c.grade_id: c for c in g.checks}
-    assert "NameError" in checks["check_answer"].message
-    assert checks["check_base"].status == "passed" and g.points == 2
-
-
-def test_grade_wall_clock_limit_kills_the_run(reference, tmp_path):
-    pid_file = tmp_path / "kernel.pid"
-    nb = student_nb(reference, double=f"import os, time\nopen({str(pid_file)!r}, 'w')"
-                    ".write(str(os.getpid()))\ntime.sleep(120)")
-    path = _write(tmp_path / "subs", "slowpoke", nb)
-    g = grade_notebook(path, reference / "09_synthetic.ipynb", sanitize=SANITIZE,
-                       limits=Limits(cell_timeout_s=120, wall_timeout_s=10))
-    checks = {c.grade_id: c for c in g.checks}
-    assert checks["check_answer"].status == "passed"
-    assert "wall-clock limit (10 s)" in checks["check_double"].message
-    assert g.points == 2 and g.wall_s < 40
-    kernel = int(pid_file.read_text())  # the kernel runs in its own session: killed too
-    assert not psutil.pid_exists(kernel) or psutil.Process(kernel).status() == "zombie"
+def test_grade_reference_five_times_gives_full_marks(reference, tmp_path):
+    """The reference's own answers, graded 5 times in parallel sandboxes: 4/4 each time."""
+    subs = tmp_path / "subs"
+    for i in range(5):
+        _write(subs, f"ref{i}", nbformat.read(str(reference / "09_synthetic.ipynb"),
+                                              as_version=4))
+    grades = grade_submissions(subs, reference, limits=FAST, jobs=2)
+    assert [g.points for g in grades] == [4] * 5, [g.checks for g in grades]
 
 
 def test_grade_errors_name_the_fix(reference, tmp_path):
@@ -264,6 +402,8 @@ def test_grade_errors_name_the_fix(reference, tmp_path):
     _write(tmp_path / "subs", "ada", student_nb(reference))
     with pytest.raises(ValueError, match=r"no reference notebook for lab\(s\) \['03'\]"):
         grade_submissions(tmp_path / "subs", reference, labs=["03"])
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
+        grade_submissions(tmp_path / "subs", reference, jobs=0)
 
 
 def test_grade_two_notebooks_for_one_lab_is_an_error_row(reference, tmp_path):
@@ -277,42 +417,22 @@ def test_grade_two_notebooks_for_one_lab_is_an_error_row(reference, tmp_path):
     assert "ignored notes.ipynb" in lines[0]
 
 
-def test_cli_course_grade(reference, tmp_path, capsys):
-    subs = tmp_path / "subs"
-    _write(subs, "ada", "not json")
-    out = tmp_path / "out" / "scores.csv"
-    assert main(["course", "grade", str(subs), "--reference", str(reference),
-                 "--out", str(out), "--labs", "9", "--memory-gib", "none"]) == 0
-    text = capsys.readouterr().out
-    assert "ada" in text and "1 notebook(s) could not be graded" in text
-    assert (tmp_path / "out" / "feedback" / "ada.md").exists()
-    assert main(["course", "grade", str(tmp_path / "missing")]) == 2
-    assert "no submissions folder" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["course", "grade", str(subs), "--labs", "one"])
+def test_grade_command_rejects_bad_limits_before_any_work(reference, tmp_path):
+    args = argparse.ArgumentParser()
+    add_grade_arguments(args)
+    for flag, value in [("--wall-timeout", "nan"), ("--cell-timeout", "inf"),
+                        ("--memory-gib", "0"), ("--nproc", "0")]:
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
+            grade_command(args.parse_args([str(tmp_path / "missing"), flag, value]))
+    with pytest.raises(ValueError, match="--jobs must be >= 1"):
+        grade_command(args.parse_args([str(tmp_path / "missing"), "--jobs", "0"]))
 
 
-# -- end to end on the real Lab 01 --------------------------------------------------------
+def test_grade_command_refuses_without_the_required_sandbox(tmp_path, monkeypatch):
+    from perflab.course import sandbox
 
-@slow
-def test_grade_lab01_end_to_end(tmp_path):
-    """The solution, with one wrong answer, one deleted check and one gutted check."""
-    sol = ROOT / "solutions" / "01_profile_resnet18.ipynb"
-    nb = nbformat.read(str(sol), as_version=4)
-    _edit(nb, "my_dominant_phase", 'my_dominant_phase = "not a phase"')
-    _drop(nb, "check_throughput")
-    _edit(nb, "check_phase_sum", 'print("PASS: your four phases add up to the step time '
-          'within 5 %")')
-    subs = tmp_path / "subs"
-    _write(subs, "ada", nb, name=sol.name)
-    ref = tmp_path / "reference"
-    ref.mkdir()
-    shutil.copy(sol, ref / sol.name)
-    (g,) = grade_submissions(subs, ref, sanitize=SANITIZE,
-                             limits=Limits(cell_timeout_s=300, wall_timeout_s=900))
-    checks = {c.grade_id: c for c in g.checks}
-    assert {k: c.status for k, c in checks.items()} == {
-        "check_phase_sum": "passed", "check_throughput": "passed",
-        "check_dominant_phase": "failed"}, g.log[-3000:]
-    assert "you named 'not a phase'" in checks["check_dominant_phase"].message
-    assert (g.points, g.max_points) == (3, 4)
+    monkeypatch.setattr(sandbox, "sandbox_status", lambda: (False, "bwrap is not installed"))
+    args = argparse.ArgumentParser()
+    add_grade_arguments(args)
+    with pytest.raises(ValueError, match="--sandbox bwrap: bwrap is not installed"):
+        grade_command(args.parse_args([str(tmp_path), "--sandbox", "bwrap"]))

@@ -1,4 +1,4 @@
-"""Grade a folder of submissions with nbval: restore the reference checks, run, score.
+"""Grade a folder of submissions: answers into the reference, a sandbox, verdicts outside.
 
 Layout (one folder per student, one notebook per lab, matched to its lab by the
 two-digit prefix of the file name)::
@@ -6,70 +6,93 @@ two-digit prefix of the file name)::
     SUBMISSIONS/<student>/NN_*.ipynb      e.g. submissions/ada/01_profile_resnet18.ipynb
     REFERENCE/NN_*.ipynb                  the solution notebooks (solutions/)
 
-For each submitted notebook, :func:`restore_checks` puts back every graded or locked
-cell of the reference by ``grade_id`` (an edited check is replaced, a deleted one goes
-back after the cell that precedes it in the reference), clears the student's outputs,
-and :func:`grade_notebook` runs it under nbval (``--nbval-lax``, the current
-environment, a per-cell timeout) in a subprocess with a wall-clock and a memory limit. A
-check earns its points when its cell ran without an exception and printed the
-reference's output. A cell that raises does not stop the run (as in nbgrader): later
-checks that do not need it still earn their points. A cell that hangs past the per-cell
-timeout, a dead kernel or the wall-clock limit ends the run: checks after it earn
-nothing. :func:`grade_submissions` grades a whole folder; :mod:`perflab.course.report`
-writes ``scores.csv`` and the per-student feedback.
+A submission runs arbitrary Python, so for each notebook :func:`grade_notebook`
+
+1. keeps only the student's *answers* (solution cells, by ``grade_id``), scans them for
+   reaches into the machinery (:func:`perflab.course.answers.scan_answer`), and puts them
+   into the reference notebook's own cells; each check cell becomes its *probe*, cells
+   tagged ``grading-skip`` are left out (:func:`perflab.course.answers.assemble`);
+2. runs that notebook under nbval in a bubblewrap sandbox (:mod:`perflab.course.sandbox`:
+   read-only file system, no network, own namespaces, limits; the reference and other
+   submissions out of sight); a pytest plugin inside reports each cell on a file
+   descriptor the kernel cannot reach (:mod:`perflab.course.nbval_channel`);
+3. judges each check *outside* the sandbox on the facts its probe reported
+   (:func:`perflab.course.checks.run_judge`). A check earns its points when its probe ran,
+   reported its facts once, the judge passed, and no answer before it was flagged.
+
+:func:`grade_submissions` grades a whole folder (``jobs`` sandboxes in parallel), calling
+back as each student finishes so ``scores.csv`` grows row by row
+(:mod:`perflab.course.report`). :mod:`perflab.course.command` is the
+``perflab course grade`` command.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Literal
 
 import nbformat
 
-from perflab.course.limited_run import run_limited
+from perflab.course.answers import (SKIP_TAG, Flag, allowances, answers_of, assemble,
+                                    autograded, scan_answer, written_answers)
+from perflab.course.checks import parse_facts, run_judge
+from perflab.course.sandbox import SandboxLimits, run_sandboxed, sandbox_status
 
-__all__ = ["Limits", "CheckResult", "LabGrade", "lab_key", "protected_cells",
-           "restore_checks", "grade_notebook", "grade_submissions"]
+__all__ = ["Limits", "CheckResult", "LabGrade", "lab_key", "autograded", "grade_notebook",
+           "grade_submissions", "reference_notebooks"]
 
 _LAB_NAME = re.compile(r"^(\d\d)_.*\.ipynb$")
+_LOG_TAIL = 200_000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Limits:
-    """Limits on one submitted notebook's run."""
+    """Limits on one submitted notebook's run. Every value must be finite and > 0."""
 
     cell_timeout_s: float = 600.0
-    """nbval's per-cell timeout: a cell running longer is interrupted and the run ends."""
+    """nbval's per-cell timeout, seconds: a cell running longer ends the run."""
     wall_timeout_s: float = 1800.0
-    """Wall-clock limit of the whole notebook; the subprocess tree is killed after it."""
+    """Wall-clock limit of the whole notebook, seconds; the sandbox is killed after it."""
     memory_gib: float | None = 8.0
-    """Address-space limit (RLIMIT_AS) of each process (pytest and the kernel); None: no
-    limit. CUDA maps far more virtual memory than it uses: grade GPU labs with None."""
+    """Address-space limit (RLIMIT_AS) of each process, GiB; None: no limit. CUDA maps
+    far more virtual memory than it uses: grade GPU labs with None."""
+    nproc: int = 256
+    """Processes and threads the submission may have at once (RLIMIT_NPROC)."""
+    cpu_s: float | None = None
+    """CPU seconds per process (RLIMIT_CPU); None: ``wall_timeout_s``."""
 
     def __post_init__(self) -> None:
-        if self.cell_timeout_s <= 0 or self.wall_timeout_s <= 0:
-            raise ValueError(f"timeouts must be > 0 s, got cell_timeout_s="
-                             f"{self.cell_timeout_s}, wall_timeout_s={self.wall_timeout_s}")
-        if self.memory_gib is not None and self.memory_gib <= 0:
-            raise ValueError(f"memory_gib must be > 0 (or None for no limit), "
-                             f"got {self.memory_gib}")
+        for name in ("cell_timeout_s", "wall_timeout_s", "memory_gib", "nproc", "cpu_s"):
+            v = getattr(self, name)
+            if v is None and name in ("memory_gib", "cpu_s"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v <= 0:
+                raise ValueError(f"{name} must be a finite number > 0"
+                                 + (" (or None for no limit)" if name in ("memory_gib", "cpu_s")
+                                    else "") + f", got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
-    """One graded cell of one submission."""
+    """One graded check of one submission."""
 
     grade_id: str
     max_points: float
     points: float
-    status: Literal["passed", "failed", "not run"]
+    status: Literal["passed", "failed", "not run", "flagged"]
     message: str = ""
+    """For the instructor: the full message (hidden tests and reference values too)."""
+    hidden: bool = False
+    """The failure came from a hidden test: the student sees only that one failed."""
 
 
 @dataclasses.dataclass
@@ -83,6 +106,12 @@ class LabGrade:
     error: str = ""
     wall_s: float = 0.0
     log: str = ""
+    flags: list[Flag] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    sandboxed: bool = True
+    warning: str = ""
+    written: list[dict] = dataclasses.field(default_factory=list)
+    """The student's written answers (see :func:`perflab.course.answers.written_answers`)."""
 
     @property
     def points(self) -> float:
@@ -99,156 +128,213 @@ def lab_key(path: str | Path) -> str | None:
     return m.group(1) if m else None
 
 
-def _nbgrader(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def protected_cells(reference: nbformat.NotebookNode) -> dict[str, nbformat.NotebookNode]:
-    """``grade_id -> cell`` of the reference cells a student may not change: graded
-    cells (which hold the hidden tests) and locked (read-only) cells."""
-    out = {}
-    for cell in reference.cells:
-        meta = _nbgrader(cell)
-        if meta.get("grade_id") and (meta.get("grade") or meta.get("locked")):
-            out[meta["grade_id"]] = cell
-    return out
-
-
-def _position(cells: list, ref_cell) -> int | None:
-    """Index in ``cells`` of the cell matching ``ref_cell`` by grade_id, else by cell id."""
-    gid, cid = _nbgrader(ref_cell).get("grade_id"), ref_cell.get("id")
-    for i, cell in enumerate(cells):
-        if (gid and _nbgrader(cell).get("grade_id") == gid) or (
-                not gid and cid and cell.get("id") == cid):
-            return i
-    return None
-
-
-def restore_checks(submission: nbformat.NotebookNode,
-                   reference: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The submission with every protected cell of the reference restored.
-
-    A protected cell the student kept (edited or not) is replaced in place by the
-    reference's, with its stored output (what nbval compares against); duplicates are
-    dropped. A deleted one is inserted after the nearest preceding reference cell that
-    is still in the notebook (matched by grade_id, else by cell id), or first. The
-    student's own cells keep their source, lose their outputs, and cannot claim points.
-    """
-    protected = protected_cells(reference)
-    cells, seen = [], set()
-    for cell in submission.cells:
-        gid = _nbgrader(cell).get("grade_id")
-        if gid in protected:
-            if gid not in seen:
-                seen.add(gid)
-                cells.append(copy.deepcopy(protected[gid]))
-            continue
-        cell = copy.deepcopy(cell)
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-        if "nbgrader" in cell.get("metadata", {}):
-            cell.metadata.nbgrader["grade"] = False
-        cells.append(cell)
-    for i, ref_cell in enumerate(reference.cells):
-        gid = _nbgrader(ref_cell).get("grade_id")
-        if gid not in protected or gid in seen:
-            continue
-        pos = 0
-        for prev in reversed(reference.cells[:i]):
-            j = _position(cells, prev)
-            if j is not None:
-                pos = j + 1
-                break
-        cells.insert(pos, copy.deepcopy(ref_cell))
-        seen.add(gid)
-    nb = nbformat.v4.new_notebook(cells=cells, metadata=copy.deepcopy(reference.metadata))
-    nb.nbformat_minor = max(reference.nbformat_minor, nb.nbformat_minor)
-    nb.metadata.pop("widgets", None)
-    return nb
-
-
-def _graded(reference: nbformat.NotebookNode) -> dict[str, float]:
-    return {_nbgrader(c)["grade_id"]: float(_nbgrader(c).get("points", 0))
-            for c in reference.cells if _nbgrader(c).get("grade") and _nbgrader(c).get("grade_id")}
-
-
-def _run_nbval(notebook: Path, workdir: Path, limits: Limits, sanitize: Path | None
-               ) -> tuple[list[dict], str, bool]:
-    """Run one notebook under nbval in a subprocess: (cell records, log, hit wall limit)."""
-    outcomes = workdir / "outcomes.jsonl"
-    ini = workdir / "pytest.ini"
-    ini.write_text("[pytest]\n")  # keep the project's addopts/testpaths out of the run
-    cmd = [sys.executable, "-m", "pytest", str(notebook), "-c", str(ini),
-           "--rootdir", str(workdir), "-p", "perflab.course.nbval_outcomes", "-p", "no:cacheprovider",
-           "-q", "--color=no", "--nbval-lax", "--nbval-current-env",
-           f"--nbval-cell-timeout={limits.cell_timeout_s:g}"]
-    if sanitize is not None:
-        cmd.append(f"--nbval-sanitize-with={sanitize}")
-    env = {**os.environ, "PERFLAB_OUTCOMES": str(outcomes),
-           "PERFLAB_RESULTS": str(workdir / "results")}
-    log, hit_wall = run_limited(cmd, cwd=workdir, env=env, memory_gib=limits.memory_gib,
-                                wall_timeout_s=limits.wall_timeout_s)
-    records = []
-    if outcomes.exists():
-        records = [json.loads(ln) for ln in outcomes.read_text().splitlines() if ln.strip()]
-    return records, log, hit_wall
-
-
-def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str = "",
-                   limits: Limits = Limits(), sanitize: str | Path | None = None
-                   ) -> LabGrade:
-    """Restore the reference checks into one submitted notebook, run it, score it.
-
-    Never raises for a bad submission: a file that is not a readable notebook gives a
-    :class:`LabGrade` with ``error`` set and every check "not run".
-    """
-    from perflab.timing import Stopwatch
-
-    path, reference_path = Path(path), Path(reference_path)
-    reference = nbformat.read(str(reference_path), as_version=4)
-    graded = _graded(reference)
-    lab = lab_key(reference_path) or reference_path.stem
-    grade = LabGrade(student, lab, path, [])
-    try:
-        submission = nbformat.read(str(path), as_version=4)
-        restored = restore_checks(submission, reference)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the student's error row
-        return _error_grade(student, lab, path, graded,
-                            f"{path.name} is not a valid notebook ({type(e).__name__}: {e}); "
-                            "nothing was run")
-    sw = Stopwatch().start()
-    with tempfile.TemporaryDirectory(prefix="perflab-grade-") as tmp:
-        workdir = Path(tmp)
-        nb_path = workdir / reference_path.name
-        nbformat.write(restored, str(nb_path))
-        records, grade.log, hit_wall = _run_nbval(
-            nb_path, workdir, limits, Path(sanitize).resolve() if sanitize else None)
-    grade.wall_s = sw.elapsed_s
-    by_gid = {r["grade_id"]: r for r in records if r.get("grade_id")}
-    stop = next((r for r in records if r.get("stopped")), None)
-    why_not_run = (f"not run: code cell {stop['cell_num'] + 1} ({stop['first_line']!r}) "
-                   f"stopped the notebook: {stop['message']}" if stop else
-                   f"not run: the notebook's wall-clock limit ({limits.wall_timeout_s:g} s) "
-                   "was reached" if hit_wall else
-                   "not run: the notebook stopped before this cell (see the log)")
-    for gid, pts in graded.items():
-        r = by_gid.get(gid)
-        if r is None or r["outcome"] == "skipped":
-            grade.checks.append(CheckResult(gid, pts, 0.0, "not run", why_not_run))
-        elif r["outcome"] == "passed":
-            grade.checks.append(CheckResult(gid, pts, pts, "passed"))
-        else:
-            grade.checks.append(CheckResult(gid, pts, 0.0, "failed", r["message"]))
-    return grade
-
-
 def _error_grade(student: str, lab: str, notebook: Path | None, graded: dict[str, float],
                  error: str) -> LabGrade:
     checks = [CheckResult(gid, pts, 0.0, "not run", error) for gid, pts in graded.items()]
     return LabGrade(student, lab, notebook, checks, error=error)
 
 
-def _references(reference_dir: Path) -> dict[str, Path]:
+def _records(path: Path) -> tuple[list[dict], int]:
+    """The channel's JSON records, and how many lines were not JSON (a grader bug)."""
+    out, bad = [], 0
+    if not path.exists():
+        return out, bad
+    for ln in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(ln)
+            if isinstance(rec, dict):
+                out.append(rec)
+                continue
+        except ValueError:
+            pass
+        bad += 1 if ln.strip() else 0
+    return out, bad
+
+
+def _tail(path: Path) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - _LOG_TAIL))
+        return f.read().decode("utf-8", errors="replace")
+
+
+#: How the sandbox starts pytest. jsonschema (under nbformat, under nbval) imports
+#: rfc3987_syntax when it is installed, only to validate IRI formats that notebooks never
+#: use; building its grammar costs 1-6 s per process on a loaded 2-core machine, so the
+#: grading run does without it.
+_PYTEST_BOOT = ("import sys; sys.modules['rfc3987_syntax'] = None; import pytest; "
+                "sys.exit(pytest.main(sys.argv[1:]))")
+
+#: The course's own solutions folder, hidden even when grading against another reference.
+_SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
+
+
+def _hideable(*paths: Path) -> list[Path]:
+    """The paths that exist and can be hidden without hiding what the notebook needs
+    (Python, the venv, perflab, the data): never one of their folders or parents."""
+    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
+              Path(__file__).resolve().parents[1], Path("/tmp")]
+    out = []
+    for p in paths:
+        p = Path(p).resolve()
+        if not p.exists() or p == Path("/") or any(n == p or p in n.parents for n in needed):
+            continue
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _env(scratch: Path, fd: int, threads: int | None) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch / "home"),
+           "LANG": "C.UTF-8", "PYTHONSAFEPATH": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+           "MPLCONFIGDIR": str(scratch / "home" / ".mpl"),
+           "PERFLAB_RESULTS": str(scratch / "results"), "PERFLAB_VERDICT_FD": str(fd),
+           "JUPYTER_PLATFORM_DIRS": "1"}
+    for k in ("PERFLAB_PRESET", "CUDA_VISIBLE_DEVICES"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    from perflab.dataset import default_data_root
+
+    env["PERFLAB_DATA"] = str(default_data_root().resolve())  # HOME differs in the sandbox
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str = "",
+                   limits: Limits = Limits(), sanitize: str | Path | None = None,
+                   sandbox: Literal["auto", "bwrap", "none"] = "auto",
+                   hide: tuple[Path, ...] = (), slot: int = 0, threads: int | None = None,
+                   skip_tag: str = SKIP_TAG,
+                   reference: nbformat.NotebookNode | None = None) -> LabGrade:
+    """Grade one submitted notebook against its reference notebook.
+
+    Args:
+        path: the submitted notebook.
+        reference_path: the reference (solution) notebook; read once by the caller and
+            passed as ``reference`` in batches, so a submission cannot change it.
+        student: the name on the grade.
+        limits: time, memory and process limits of the run.
+        sanitize: ignored (outputs are no longer compared; kept for old callers).
+        sandbox: ``"bwrap"`` requires bubblewrap; ``"auto"`` falls back to a plain
+            subprocess with a loud warning in ``LabGrade.warning``; ``"none"`` never
+            sandboxes.
+        hide: more host folders to make invisible in the sandbox (the reference folder,
+            the submissions folder and this lab's reference are always hidden).
+        slot: parallel slot (an unprivileged uid per slot when running as root).
+        threads: CPU threads for the notebook (OMP_NUM_THREADS); None: the default.
+        skip_tag: cells with this tag do not run.
+
+    Returns:
+        A :class:`LabGrade`. Never raises for anything the submission does: an
+        unreadable file or a broken run is a grade with ``error`` set.
+
+    Raises:
+        ValueError: the reference notebook is malformed (instructor error).
+        RuntimeError: ``sandbox="bwrap"`` and bubblewrap does not work here.
+    """
+    del sanitize
+    path, reference_path = Path(path), Path(reference_path)
+    if reference is None:
+        reference = nbformat.read(str(reference_path), as_version=4)
+    graded = autograded(reference)
+    lab = lab_key(reference_path) or reference_path.stem
+    try:
+        submission = nbformat.read(str(path), as_version=4)
+        if not isinstance(submission.get("cells"), list):
+            raise ValueError("it has no list of cells")
+        answers, notes = answers_of(submission, reference)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the student's error row
+        return _error_grade(student, lab, path, graded,
+                            f"{path.name} is not a valid notebook ({type(e).__name__}: "
+                            f"{str(e)[:200]}); nothing was run")
+    allow = allowances(reference)
+    flags = [f for gid, src in answers.items() for f in scan_answer(gid, src, allow.get(gid, ()))]
+    assembled = assemble(reference, answers, skip_tag=skip_tag)
+    grade = LabGrade(student, lab, path, [], flags=flags, notes=notes,
+                     written=written_answers(submission, reference))
+    with tempfile.TemporaryDirectory(prefix="perflab-grade-") as tmp:
+        tmp = Path(tmp)
+        tmp.chmod(0o711)  # bwrap, as the slot's uid, must reach scratch/ to bind it
+        scratch = tmp / "scratch"
+        (scratch / "home").mkdir(parents=True)
+        nb_path = scratch / reference_path.name
+        nbformat.write(assembled.notebook, str(nb_path))
+        ini = scratch / "pytest.ini"
+        ini.write_text("[pytest]\n")  # keep any project's addopts/conftest out of the run
+        channel = tmp / "channel.jsonl"
+        fd = os.open(channel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        cmd = [sys.executable, "-P", "-c", _PYTEST_BOOT, str(nb_path), "-c", str(ini),
+               "--rootdir", str(scratch), "-p", "nbval", "-p", "perflab.course.nbval_channel",
+               "-p", "no:cacheprovider", "-q", "--color=no", "--nbval-lax",
+               "--nbval-current-env", f"--nbval-cell-timeout={limits.cell_timeout_s:g}"]
+        hidden = _hideable(reference_path.resolve().parent, tmp.parent, _SOLUTIONS, *hide)
+        try:
+            run = run_sandboxed(
+                cmd, scratch=scratch, env=_env(scratch, fd, threads), log_path=tmp / "log.txt",
+                hide=hidden, pass_fds=[fd], slot=slot,
+                mode=sandbox, limits=SandboxLimits(
+                    wall_timeout_s=limits.wall_timeout_s, memory_gib=limits.memory_gib,
+                    cpu_s=limits.cpu_s, nproc=limits.nproc))
+        finally:
+            os.close(fd)
+        records, bad = _records(channel)
+        grade.log = _tail(tmp / "log.txt")
+    grade.wall_s, grade.sandboxed, grade.warning = run.wall_s, run.sandboxed, run.warning
+    if bad:
+        grade.notes.append(f"{bad} line(s) of the verdict channel were not JSON (ignored)")
+    _score(grade, assembled, graded, records, run.timed_out, limits)
+    return grade
+
+
+def _score(grade: LabGrade, assembled, graded: dict[str, float], records: list[dict],
+           hit_wall: bool, limits: Limits) -> None:
+    by_probe = {}
+    for r in records:
+        if r.get("probe") and r["probe"] not in by_probe:
+            by_probe[r["probe"]] = r
+    stop = next((r for r in records if r.get("stopped")), None)
+    why_not_run = (f"not run: code cell {stop['cell_num'] + 1} ({stop['first_line']!r}) "
+                   f"stopped the notebook: {stop['message']}" if stop else
+                   f"not run: the notebook's wall-clock limit ({limits.wall_timeout_s:g} s) "
+                   "was reached" if hit_wall else
+                   "not run: the notebook stopped before this check (see the log)")
+    flagged_by: dict[str, Flag] = {}
+    for f in grade.flags:
+        for gid in assembled.after.get(f.grade_id, []):
+            flagged_by.setdefault(gid, f)
+    for gid, pts in graded.items():
+        r = by_probe.get(gid)
+        if gid in flagged_by:
+            f = flagged_by[gid]
+            grade.checks.append(CheckResult(
+                gid, pts, 0.0, "flagged", f"0 points: answer {f.grade_id!r} line {f.line} "
+                f"reaches into the machinery ({f.key}); the instructor will review it"))
+        elif r is None or r.get("outcome") == "skipped":
+            grade.checks.append(CheckResult(gid, pts, 0.0, "not run", why_not_run))
+        elif r.get("outcome") != "passed":
+            grade.checks.append(CheckResult(gid, pts, 0.0, "failed", str(r.get("message", ""))))
+        else:
+            facts, why = parse_facts("\n".join(r.get("facts_lines", [])))
+            if facts is None:
+                if len(r.get("facts_lines", [])) > 1:
+                    grade.flags.append(Flag(gid, 0, "forged fact lines in the check's output"))
+                grade.checks.append(CheckResult(gid, pts, 0.0, "failed", why))
+                continue
+            verdict = run_judge(assembled.checks[gid], facts, name=gid)
+            grade.checks.append(CheckResult(gid, pts, pts if verdict.passed else 0.0,
+                                            "passed" if verdict.passed else "failed",
+                                            verdict.message, verdict.hidden))
+
+
+def reference_notebooks(reference_dir: Path) -> dict[str, Path]:
+    """``lab -> path`` of ``REFERENCE/NN_*.ipynb``.
+
+    Raises:
+        FileNotFoundError: there is none.
+    """
     refs = {lab_key(p): p for p in sorted(reference_dir.glob("[0-9][0-9]_*.ipynb"))}
     if not refs:
         raise FileNotFoundError(f"no reference notebooks (NN_*.ipynb) in {reference_dir}")
@@ -258,29 +344,46 @@ def _references(reference_dir: Path) -> dict[str, Path]:
 def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                       limits: Limits = Limits(), sanitize: str | Path | None = None,
                       labs: list[str] | None = None,
-                      progress: Callable[[str], None] | None = None) -> list[LabGrade]:
+                      progress: Callable[[str], None] | None = None, jobs: int = 1,
+                      sandbox: Literal["auto", "bwrap", "none"] = "auto",
+                      skip: set[str] | frozenset[str] = frozenset(),
+                      on_student: Callable[[str, list[LabGrade]], None] | None = None,
+                      hide: tuple[Path, ...] = ()) -> list[LabGrade]:
     """Grade ``SUBMISSIONS/<student>/NN_*.ipynb`` against ``REFERENCE/NN_*.ipynb``.
 
     Args:
+        limits: per-notebook limits (validated when constructed).
+        sanitize: ignored (kept for old callers).
         labs: lab numbers to grade (``["01"]``); None: every lab someone submitted.
         progress: called with one line per graded notebook (e.g. ``print``).
+        jobs: sandboxes run in parallel (>= 1).
+        sandbox: see :func:`grade_notebook`.
+        skip: students not to grade (``--resume``: already in scores.csv).
+        on_student: called with (student, their grades) as soon as all their labs are
+            graded (in completion order): how scores.csv is written row by row.
+        hide: more host folders to hide in the sandbox (the output folders).
 
     Returns:
         One LabGrade per student and lab, students in name order; a lab a student did
-        not submit (or submitted twice) is an error row with no points.
+        not submit (or submitted twice) is an error row with no points; a submission
+        that breaks the grader itself is an error row naming the reason.
 
     Raises:
         FileNotFoundError: no submissions folder, no student folders, or no references.
-        ValueError: a requested lab has no reference notebook.
+        ValueError: a requested lab has no reference notebook, ``jobs`` < 1, or a
+            reference notebook is malformed.
+        RuntimeError: ``sandbox="bwrap"`` and bubblewrap does not work here.
     """
-    subs, refs = Path(submissions_dir), _references(Path(reference_dir))
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    subs, refs = Path(submissions_dir), reference_notebooks(Path(reference_dir))
     if not subs.is_dir():
         raise FileNotFoundError(f"no submissions folder {subs}")
     students = sorted(p for p in subs.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not students:
         raise FileNotFoundError(f"no student folders in {subs}; expected "
                                 f"{subs}/<student>/NN_*.ipynb")
-    found = {s.name: {} for s in students}
+    found: dict[str, dict] = {s.name: {} for s in students}
     for s in students:
         for nb in sorted(s.glob("*.ipynb")):
             if lab_key(nb) is None and progress:
@@ -291,22 +394,70 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
     if missing:
         raise ValueError(f"no reference notebook for lab(s) {missing} in {reference_dir}; "
                          f"labs there: {sorted(refs)}")
-    grades = []
-    for student in found:
-        for lab in wanted:
-            nbs = found[student].get(lab, [])
-            if len(nbs) == 1:
-                g = grade_notebook(nbs[0], refs[lab], student=student, limits=limits,
-                                   sanitize=sanitize)
-            else:
-                graded = _graded(nbformat.read(str(refs[lab]), as_version=4))
-                g = _error_grade(student, lab, None, graded,
-                                 f"no {lab}_*.ipynb submitted" if not nbs else
-                                 f"{len(nbs)} notebooks for lab {lab} "
-                                 f"({', '.join(p.name for p in nbs)}); submit exactly one")
-            grades.append(g)
-            if progress:
-                progress(f"{student:<20} lab {lab}: {g.points:g}/{g.max_points:g} points"
-                         + (f" ({g.wall_s:.0f} s)" if g.wall_s else "")
-                         + (f"  [{g.error}]" if g.error else ""))
-    return grades
+    if sandbox == "bwrap" and not sandbox_status()[0]:
+        raise RuntimeError(f"sandbox required but unavailable: {sandbox_status()[1]}")
+    if sandbox == "auto" and not sandbox_status()[0] and progress:
+        progress(f"WARNING: {sandbox_status()[1]}. Submissions will run WITHOUT a sandbox "
+                 "(plain subprocesses with rlimits): a submission could read and change "
+                 "your files. Install bubblewrap, or pass --sandbox bwrap to refuse.")
+    # Read every reference once, before any student code runs.
+    ref_nbs = {lab: nbformat.read(str(refs[lab]), as_version=4) for lab in wanted}
+    for lab, nb in ref_nbs.items():
+        assemble(nb, {})  # a malformed reference check fails here, before any work
+    hide = tuple(_hideable(Path(reference_dir), subs, *hide))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    tasks = [(s, lab) for s in found if s not in skip for lab in wanted]
+    results: dict[tuple[str, str], LabGrade] = {}
+    pending = {s: len(wanted) for s in found if s not in skip}
+    lock, report_lock = threading.Lock(), threading.Lock()
+    free_slots = list(range(jobs))
+
+    def one(student: str, lab: str) -> LabGrade:
+        nbs = found[student].get(lab, [])
+        graded = autograded(ref_nbs[lab])
+        if len(nbs) != 1:
+            return _error_grade(student, lab, None, graded,
+                                f"no {lab}_*.ipynb submitted" if not nbs else
+                                f"{len(nbs)} notebooks for lab {lab} "
+                                f"({', '.join(p.name for p in nbs)}); submit exactly one")
+        with lock:
+            slot = free_slots.pop()
+        try:
+            return grade_notebook(nbs[0], refs[lab], student=student, limits=limits,
+                                  sandbox=sandbox, hide=hide, slot=slot, threads=threads,
+                                  reference=ref_nbs[lab])
+        except RuntimeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one hostile notebook never stops the batch
+            return _error_grade(student, lab, nbs[0], graded,
+                                f"grading failed: {type(e).__name__}: {str(e)[:300]}")
+        finally:
+            with lock:
+                free_slots.append(slot)
+
+    def done(g: LabGrade) -> None:
+        with lock:
+            results[(g.student, g.lab)] = g
+            pending[g.student] -= 1
+            finished = pending[g.student] == 0
+        if progress:
+            progress(f"{g.student:<20} lab {g.lab}: {g.points:g}/{g.max_points:g} points"
+                     + (f" ({g.wall_s:.0f} s)" if g.wall_s else "")
+                     + (f"  [{g.error}]" if g.error else "")
+                     + (f"  [flagged: {'; '.join(map(str, g.flags))}]" if g.flags else "")
+                     + (f"  [{g.warning}]" if g.warning else ""))
+        if finished and on_student:
+            with report_lock:  # one writer at a time: scores.csv and feedback files
+                on_student(g.student, [results[(g.student, lab)] for lab in wanted])
+
+    if jobs == 1:
+        for s, lab in tasks:
+            done(one(s, lab))
+    else:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(one, s, lab) for s, lab in tasks]
+            for fut in futures:
+                fut.add_done_callback(lambda f: done(f.result()))
+            for fut in futures:
+                fut.result()
+    return [results[(s, lab)] for s in found if s not in skip for lab in wanted]

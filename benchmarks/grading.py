@@ -1,0 +1,89 @@
+"""How long does grading one submission take, and what does ``--jobs N`` buy?
+
+Grades ``--copies`` copies of a lab's reference solution (the answers of a student who
+solved everything) twice: one sandbox at a time, then ``--jobs`` at a time. Prints the
+median seconds per graded submission (each sandbox's own wall time), the batch's
+seconds per submission, the speed-up of ``--jobs`` over one at a time, and checks that
+every copy got full marks both times (grading must not depend on machine load).
+
+Target (issue 12): one Lab 01-08 submission in <= 30 s median on a 2-core machine.
+
+Usage: python benchmarks/grading.py [--lab 01] [--copies 4] [--jobs 2]
+       python benchmarks/grading.py --lab synthetic     # the tests' 4-point lab
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+from perflab.course.grading import Limits, grade_submissions
+from perflab.course.sandbox import sandbox_status
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _reference(lab: str, folder: Path) -> Path:
+    if lab == "synthetic":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from test_grading import reference_nb  # the tests' synthetic lab
+
+        path = folder / "09_synthetic.ipynb"
+        nbformat.write(reference_nb(), str(path))
+        return path
+    (sol,) = sorted((ROOT / "solutions").glob(f"{lab}_*.ipynb"))
+    return Path(shutil.copy(sol, folder / sol.name))
+
+
+def batch(ref: Path, copies: int, jobs: int, tmp: Path) -> tuple[float, list[float], bool]:
+    """(batch wall seconds, per-notebook wall seconds, every copy got full marks)."""
+    subs = tmp / f"subs-{jobs}"
+    for i in range(copies):
+        (subs / f"student{i:02d}").mkdir(parents=True)
+        shutil.copy(ref, subs / f"student{i:02d}" / ref.name)
+    start = time.monotonic()
+    grades = grade_submissions(subs, ref.parent, jobs=jobs,
+                               limits=Limits(cell_timeout_s=600, wall_timeout_s=1800))
+    wall = time.monotonic() - start
+    full = all(g.points == g.max_points and not g.error for g in grades)
+    for g in grades:
+        if g.points != g.max_points:
+            print(f"  {g.student}: {g.points:g}/{g.max_points:g} "
+                  + "; ".join(f"{c.grade_id}: {c.message[:200]}" for c in g.checks
+                              if c.status != "passed"))
+    return wall, [g.wall_s for g in grades], full
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lab", default="01", help="lab number, or 'synthetic' (default 01)")
+    p.add_argument("--copies", type=int, default=4, help="submissions per batch (default 4)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel sandboxes (default 2)")
+    args = p.parse_args(argv)
+    ok, why = sandbox_status()
+    print(f"sandbox: {'bubblewrap' if ok else 'NONE (' + why + ')'}")
+    with tempfile.TemporaryDirectory(prefix="perflab-bench-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "ref").mkdir()
+        ref = _reference(args.lab, tmp / "ref")
+        serial_wall, serial, full1 = batch(ref, args.copies, 1, tmp)
+        par_wall, par, full2 = batch(ref, args.copies, args.jobs, tmp)
+    print(f"lab {args.lab}, {args.copies} submissions")
+    print(f"  --jobs 1: median {statistics.median(serial):.1f} s per graded submission "
+          f"(min {min(serial):.1f}, max {max(serial):.1f}); batch {serial_wall:.1f} s = "
+          f"{serial_wall / args.copies:.1f} s per submission")
+    print(f"  --jobs {args.jobs}: median {statistics.median(par):.1f} s per sandbox; batch "
+          f"{par_wall:.1f} s = {par_wall / args.copies:.1f} s per submission")
+    print(f"  speed-up of --jobs {args.jobs}: {serial_wall / par_wall:.2f}x")
+    print(f"  full marks on every copy, both batches: {full1 and full2}")
+    return 0 if full1 and full2 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,332 @@
+"""A submission's answers: taken by ``grade_id``, scanned, put into the reference notebook.
+
+A submission is hostile, so grading keeps only its *answers*: the source of each cell
+that the reference marks as a solution cell (nbgrader ``solution: true``), matched by
+``grade_id``. :func:`assemble` puts them into the reference notebook's own cells (cells
+the student added, or edited outside solution cells, never run), replaces every check
+cell by its probe (:mod:`perflab.course.checks`), leaves out the cells tagged
+:data:`SKIP_TAG` (panels, sweeps, long measurements), and strips everything secret: the
+reference's solutions, written answers, judges, hidden assertions and stored outputs.
+
+:func:`scan_answer` flags answers that reach into the machinery (the interpreter, the
+kernel, the file system); a flagged answer scores 0 on every check after it in the lab
+unless the exercise allows it (solution-cell metadata ``perflab: {allow: [...]}``).
+:func:`written_answers` collects the "predict, then explain" cells (nbgrader manually
+graded cells) for the instructor.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+
+import nbformat
+
+from perflab.course.checks import CheckCell, probe_source, split_check
+
+__all__ = ["SKIP_TAG", "Flag", "Assembled", "solution_ids", "answers_of", "scan_answer",
+           "assemble", "written_answers"]
+
+#: Cells with this tag do not run in grading (experiment panels, sweeps, long
+#: measurements): no graded answer may need what they compute.
+SKIP_TAG = "grading-skip"
+
+#: Modules whose import reaches into the interpreter, the kernel or the file system.
+BLOCKED_MODULES = frozenset({
+    "builtins", "sys", "os", "posix", "ctypes", "gc", "inspect", "IPython", "ipykernel",
+    "importlib", "subprocess", "signal", "socket", "shutil", "pty", "_thread", "atexit",
+    "code", "codeop", "marshal", "pickle", "dill", "types", "tracemalloc", "faulthandler",
+    "jupyter_client", "zmq", "nbformat", "nbval", "pytest", "perflab.course", "resource",
+    "multiprocessing", "threading", "asyncio", "tempfile", "pathlib", "io", "runpy",
+    "sysconfig", "site", "linecache", "traceback"})
+#: Names that hand out the interpreter's machinery.
+BLOCKED_NAMES = frozenset({
+    "get_ipython", "__import__", "__builtins__", "exec", "eval", "compile", "globals",
+    "locals", "vars", "breakpoint", "setattr", "delattr", "__loader__", "__spec__"})
+#: Attributes that lead from any object to frames, code, globals or other classes.
+BLOCKED_ATTRS = frozenset({
+    "__class__", "__subclasses__", "__globals__", "__code__", "__dict__", "__builtins__",
+    "__mro__", "__bases__", "__base__", "__closure__", "__func__", "__self__",
+    "__getattribute__", "__setattr__", "__delattr__", "__reduce__", "__reduce_ex__",
+    "__import__", "__loader__", "__spec__", "f_globals", "f_locals", "f_back", "f_builtins",
+    "f_code", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "co_code", "write_text",
+    "write_bytes", "unlink", "rmdir", "chmod", "symlink_to"})
+#: Names that usually hold modules in the labs: assigning their attributes patches code.
+MODULE_NAMES = frozenset({"torch", "perflab", "np", "numpy", "nn", "F", "json", "math",
+                          "time", "random", "functools", "itertools", "collections",
+                          "statistics", "pd", "pandas", "plt", "matplotlib", "builtins",
+                          "sys", "os", "IPython", "types", "widgets", "ipywidgets"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """An answer line that reaches into the machinery."""
+
+    grade_id: str
+    line: int
+    """1-based line of the answer cell."""
+    key: str
+    """What it does: ``import os``, ``name get_ipython``, ``module attribute torch.x``..."""
+    text: str = ""
+    """The line itself, shortened."""
+
+    def __str__(self) -> str:
+        return f"{self.grade_id} line {self.line}: {self.key}"
+
+
+def _nbg(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def solution_ids(reference: nbformat.NotebookNode) -> list[str]:
+    """``grade_id`` of every code solution cell of the reference, in order."""
+    return [_nbg(c)["grade_id"] for c in reference.cells
+            if c.cell_type == "code" and _nbg(c).get("solution") and _nbg(c).get("grade_id")]
+
+
+def answers_of(submission: nbformat.NotebookNode, reference: nbformat.NotebookNode
+               ) -> tuple[dict[str, str], list[str]]:
+    """(``grade_id -> source`` of the student's answer cells, notes for the instructor).
+
+    Only cells whose ``grade_id`` names a code solution cell of the reference count; the
+    first one wins when a student duplicated it. Missing answers are simply absent.
+    """
+    wanted, answers, notes = set(solution_ids(reference)), {}, []
+    for cell in submission.cells:
+        gid = _nbg(cell).get("grade_id")
+        if gid not in wanted or cell.get("cell_type") != "code":
+            continue
+        if gid in answers:
+            notes.append(f"answer cell {gid!r} appears more than once; the first is graded")
+            continue
+        src = cell.get("source", "")
+        answers[gid] = "".join(src) if isinstance(src, list) else str(src)
+    for gid in sorted(wanted - set(answers)):
+        notes.append(f"answer cell {gid!r} is missing from the submission")
+    return answers, notes
+
+
+def _python_of(source: str) -> str:
+    """The Python IPython runs for a cell (magics and ``!`` become ``get_ipython()``)."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return TransformerManager().transform_cell(source)
+    except Exception:  # noqa: BLE001 - an untransformable cell fails at run time anyway
+        return source
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _blocked_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in BLOCKED_MODULES)
+
+
+def _writes(call: ast.Call) -> bool:
+    mode = call.args[1] if len(call.args) > 1 else next(
+        (k.value for k in call.keywords if k.arg == "mode"), None)
+    if mode is None:
+        return False
+    if not isinstance(mode, ast.Constant) or not isinstance(mode.value, str):
+        return True  # a computed mode: assume the worst
+    return any(ch in mode.value for ch in "wax+")
+
+
+def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] = ()
+                ) -> list[Flag]:
+    """Flag the lines of one answer that reach into the machinery.
+
+    Flagged: importing :data:`BLOCKED_MODULES`; using :data:`BLOCKED_NAMES` (which
+    covers IPython magics and ``!`` shell lines, which run through ``get_ipython()``);
+    reading :data:`BLOCKED_ATTRS` (frames, globals, subclasses, file writes); assigning
+    an attribute of a module (``torch.x = ...``, ``perflab.f = ...``); ``open`` for
+    writing. ``allow`` entries exempt flags whose key equals them or starts with them
+    (``"import os"``, ``"module attribute torch.backends"``).
+
+    A static scan cannot see everything a determined student can build at run time;
+    it is the instructor's signal, and the verdict does not depend on it (see
+    :mod:`perflab.course.checks`). An answer that is not valid Python is not flagged:
+    it fails when it runs.
+    """
+    code = _python_of(source)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    lines = code.splitlines()
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.update(a.asname or a.name for a in node.names)
+    modules = MODULE_NAMES | imported
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        ln = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            found += [(ln, f"import {a.name}") for a in node.names if _blocked_module(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level == 0 and _blocked_module(mod):
+                found.append((ln, f"import {mod}"))
+        elif isinstance(node, ast.Name) and node.id in BLOCKED_NAMES:
+            found.append((ln, f"name {node.id}"))
+        elif isinstance(node, ast.Attribute):
+            if node.attr in BLOCKED_ATTRS:
+                found.append((ln, f"attribute {node.attr}"))
+            if isinstance(node.ctx, (ast.Store, ast.Del)) and _root(node) in modules:
+                found.append((ln, f"module attribute {_dotted(node)}"))
+            if node.attr in ("run_line_magic", "run_cell_magic", "system", "getoutput"):
+                found.append((ln, f"IPython {node.attr}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "open" and _writes(node)):
+            found.append((ln, "open for writing"))
+    flags = []
+    for ln, key in sorted(set(found)):
+        if any(key == a or key.startswith(a + ".") or key.startswith(a + " ") for a in allow):
+            continue
+        text = lines[ln - 1].strip()[:120] if 0 < ln <= len(lines) else ""
+        flags.append(Flag(grade_id, ln, key, text))
+    return flags
+
+
+@dataclasses.dataclass
+class Assembled:
+    """The notebook that runs in the sandbox, and what the grader keeps outside."""
+
+    notebook: nbformat.NotebookNode
+    checks: dict[str, CheckCell]
+    """``grade_id -> CheckCell`` of every autograded check (judges stay here)."""
+    points: dict[str, float]
+    """``grade_id -> points`` of every autograded check, in notebook order."""
+    after: dict[str, list[str]]
+    """``answer grade_id -> check grade_ids`` that come after it in the lab."""
+    skipped: int = 0
+    """Cells left out (tag :data:`SKIP_TAG`)."""
+
+
+def _is_check(cell) -> bool:
+    m = _nbg(cell)
+    return cell.cell_type == "code" and bool(m.get("grade")) and not m.get("solution")
+
+
+def autograded(reference: nbformat.NotebookNode) -> dict[str, float]:
+    """``grade_id -> points`` of the reference's autograded check cells."""
+    return {_nbg(c)["grade_id"]: float(_nbg(c).get("points", 0))
+            for c in reference.cells if _is_check(c) and _nbg(c).get("grade_id")}
+
+
+def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
+             skip_tag: str = SKIP_TAG) -> Assembled:
+    """The reference notebook with the student's answers in its solution cells, each
+    check cell replaced by its probe, skip-tagged cells and every secret left out.
+
+    Raises:
+        ValueError: a check cell of the reference is malformed (see ``split_check``).
+    """
+    cells, checks, points, after = [], {}, {}, {}
+    answers_so_far: list[str] = []
+    skipped = 0
+    for ref in reference.cells:
+        m = _nbg(ref)
+        gid = m.get("grade_id")
+        tags = ref.get("metadata", {}).get("tags", [])
+        if ref.cell_type != "code":
+            if m.get("solution") or m.get("grade"):
+                continue  # a written answer of the reference: never into the sandbox
+            cells.append(nbformat.v4.new_markdown_cell(ref.source))
+            continue
+        if skip_tag in tags and not m.get("solution") and not m.get("grade"):
+            skipped += 1
+            cells.append(nbformat.v4.new_markdown_cell(
+                f"*(skipped in grading: tagged `{skip_tag}`)*"))
+            continue
+        cell = nbformat.v4.new_code_cell()
+        if m.get("solution") and gid:
+            cell.source = answers.get(gid, f"raise NotImplementedError("
+                                           f"{'no answer for ' + repr(gid) + ' in the submission'!r})")
+            cell.metadata["perflab"] = {"answer": gid}
+            answers_so_far.append(gid)
+        elif _is_check(ref) and gid:
+            check = split_check(ref.source)
+            checks[gid], points[gid] = check, float(m.get("points", 0))
+            for a in answers_so_far:
+                after.setdefault(a, []).append(gid)
+            cell.source = probe_source(check)
+            cell.metadata["perflab"] = {"probe": gid}
+        else:
+            cell.source = ref.source
+        cells.append(cell)
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = copy.deepcopy(reference.metadata.get(
+        "kernelspec", {"name": "python3", "language": "python", "display_name": "Python 3"}))
+    return Assembled(nb, checks, points, after, skipped)
+
+
+def allowances(reference: nbformat.NotebookNode) -> dict[str, tuple[str, ...]]:
+    """``answer grade_id -> allow`` entries from solution-cell metadata ``perflab.allow``."""
+    return {_nbg(c)["grade_id"]: tuple(c.metadata.get("perflab", {}).get("allow", []))
+            for c in reference.cells if _nbg(c).get("solution") and _nbg(c).get("grade_id")}
+
+
+def _text_outputs(cell, limit: int = 600) -> str:
+    out = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            out.append("".join(o.get("text", "")))
+        elif o.get("output_type") in ("execute_result", "display_data"):
+            out.append("".join(o.get("data", {}).get("text/plain", "")))
+    text = "\n".join(t.strip() for t in out if t.strip())
+    return text[:limit] + (" [...]" if len(text) > limit else "")
+
+
+def written_answers(submission: nbformat.NotebookNode, reference: nbformat.NotebookNode
+                    ) -> list[dict]:
+    """The student's "predict, then explain" answers: nbgrader manually graded cells
+    (``solution: true`` markdown cells, usually ``grade: true`` with points).
+
+    Returns:
+        One dict per such reference cell, in order: ``grade_id``, ``points``,
+        ``question`` (the markdown cell before it in the reference), ``answer`` (the
+        student's text, empty when missing), ``measured`` (text outputs of the code cells
+        just before the answer in the student's own notebook: their numbers as they ran
+        it, not re-measured).
+    """
+    by_gid = {_nbg(c).get("grade_id"): i for i, c in enumerate(submission.cells)
+              if _nbg(c).get("grade_id")}
+    out = []
+    for i, ref in enumerate(reference.cells):
+        m = _nbg(ref)
+        if ref.cell_type != "markdown" or not m.get("solution") or not m.get("grade_id"):
+            continue
+        question = next((c.source for c in reversed(reference.cells[:i])
+                         if c.cell_type == "markdown" and not _nbg(c).get("solution")), "")
+        j = by_gid.get(m["grade_id"])
+        answer, measured = "", []
+        if j is not None:
+            answer = submission.cells[j].get("source", "")
+            for c in reversed(submission.cells[:j]):
+                if c.get("cell_type") == "markdown" and _nbg(c).get("solution"):
+                    break
+                if c.get("cell_type") == "code" and _text_outputs(c):
+                    measured.insert(0, _text_outputs(c))
+                    if len(measured) == 2:
+                        break
+        out.append({"grade_id": m["grade_id"], "points": float(m.get("points", 0)),
+                    "question": question, "answer": answer, "measured": measured})
+    return out

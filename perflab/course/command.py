@@ -1,0 +1,114 @@
+"""``perflab course grade``: its arguments and what it does (see docs/INSTRUCTORS.md).
+
+Kept apart from :mod:`perflab.course.grading` so that building the ``perflab`` parser
+imports nothing heavy (nbformat, nbval): ``perflab.cli`` calls
+:func:`add_grade_arguments` on its ``grade`` subparser and sets ``fn=grade_command``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_grade_arguments", "grade_command"]
+
+
+def _lab_numbers(text: str) -> list[str]:
+    try:
+        return [f"{int(t):02d}" for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lab numbers like 01,02 expected, got {text!r}")
+
+
+def _memory_gib(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
+def add_grade_arguments(parser) -> None:
+    """Add ``perflab course grade``'s arguments to an argparse parser."""
+    p = parser
+    p.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
+    p.add_argument("--reference", default="solutions", type=Path,
+                   help="folder of reference notebooks NN_*.ipynb (default: solutions)")
+    p.add_argument("--out", default="scores.csv", type=Path, help="score table (CSV)")
+    p.add_argument("--feedback", default=None, type=Path,
+                   help="folder for students' <student>.md (default: 'feedback' beside --out)")
+    p.add_argument("--instructor-dir", default=None, type=Path,
+                   help="instructor-only folder: logs, hidden-test messages, flags, written "
+                        "answers (default: 'instructor' beside --out)")
+    p.add_argument("--labs", default=None, type=_lab_numbers, metavar="NN[,NN...]",
+                   help="comma-separated lab numbers to grade (default: all submitted)")
+    p.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the students already in --out and grade only the others")
+    p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
+                   help="bwrap: require bubblewrap; auto: fall back loudly; none: no sandbox")
+    p.add_argument("--cell-timeout", type=float, default=600.0,
+                   help="per-cell timeout in seconds (default 600)")
+    p.add_argument("--wall-timeout", type=float, default=1800.0,
+                   help="wall-clock limit per notebook in seconds (default 1800)")
+    p.add_argument("--memory-gib", type=_memory_gib, default=8.0, metavar="GIB|none",
+                   help="address-space limit per process in GiB (default 8; 'none' on a GPU)")
+    p.add_argument("--nproc", type=int, default=256,
+                   help="processes and threads per submission (default 256)")
+    p.add_argument("--sanitize-with", default=None, type=Path, help=argparse.SUPPRESS)
+
+
+def grade_command(args) -> int:
+    """Run ``perflab course grade`` from parsed arguments; returns the exit status.
+
+    Raises:
+        ValueError: a limit is NaN, infinite or <= 0, ``--jobs`` < 1, ``--sandbox bwrap``
+            where bubblewrap does not work, or ``--resume`` with a score table written
+            for other labs (all before any grading starts).
+        FileNotFoundError: see :func:`grade_submissions`.
+    """
+    import nbformat
+
+    from perflab.course.grading import (Limits, autograded, grade_submissions, lab_key,
+                                        reference_notebooks)
+    from perflab.course.report import ScoreTable, write_answers, write_feedback
+
+    limits = Limits(cell_timeout_s=args.cell_timeout, wall_timeout_s=args.wall_timeout,
+                    memory_gib=args.memory_gib, nproc=args.nproc)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    from perflab.course.sandbox import sandbox_status
+
+    if args.sandbox == "bwrap" and not sandbox_status()[0]:
+        raise ValueError(f"--sandbox bwrap: {sandbox_status()[1]}")
+    out = Path(args.out)
+    feedback = Path(args.feedback or out.parent / "feedback")
+    instructor = Path(args.instructor_dir or out.parent / "instructor")
+    refs = reference_notebooks(Path(args.reference))
+    subs = Path(args.submissions)
+    if not subs.is_dir():
+        raise FileNotFoundError(f"no submissions folder {subs}")
+    labs = args.labs or sorted({lab_key(p) for p in subs.glob("*/*.ipynb")} & set(refs))
+    missing = [k for k in labs if k not in refs]
+    if missing:
+        raise ValueError(f"no reference notebook for lab(s) {missing} in {args.reference}; "
+                         f"labs there: {sorted(refs)}")
+    columns = {lab: list(autograded(nbformat.read(str(refs[lab]), as_version=4))) for lab in labs}
+    table = ScoreTable(out, columns, resume=args.resume)
+    feedback.mkdir(parents=True, exist_ok=True)  # exist before the sandboxes start, to
+    instructor.mkdir(parents=True, exist_ok=True)  # be hidden from every one of them
+
+    def student_done(student: str, grades: list) -> None:
+        table.add(student, grades)
+        write_feedback(grades, feedback, instructor)
+
+    grades = grade_submissions(subs, args.reference, limits=limits, labs=labs,
+                               progress=print, jobs=args.jobs, sandbox=args.sandbox,
+                               skip=table.students(), on_student=student_done,
+                               hide=(out.resolve().parent, out.resolve(),
+                                     feedback.resolve(), instructor.resolve()))
+    write_answers(grades, instructor / "answers")
+    errored = sum(1 for g in grades if g.error)
+    flagged = sum(1 for g in grades if g.flags)
+    graded = len(grades) - errored
+    print(f"\nwrote {out} ({len(table.students())} students), feedback in {feedback}/, "
+          f"instructor files in {instructor}/")
+    print(f"graded {graded}, errored {errored}, flagged {flagged} notebook(s)"
+          + (f"; skipped {len(table.resumed)} student(s) already in {out}"
+             if table.resumed else ""))
+    return 0

@@ -1,0 +1,338 @@
+"""Run one untrusted command in a bubblewrap sandbox, with limits, and kill all it started.
+
+Used by :mod:`perflab.course.grading` to run a student's notebook. The sandbox is
+bubblewrap (Debian's ``bubblewrap``, the tool Flatpak uses), not our own code: it gives
+
+* a read-only view of the whole file system (``--ro-bind / /``: the venv and perflab
+  import, nothing can be changed), with the folders in ``hide`` (the reference
+  notebooks, the other submissions, the grader's own files) covered by empty tmpfs;
+* a fresh ``/tmp`` and the submission's own scratch folder (the only writable place);
+* no network (``--unshare-net``: loopback only, which the Jupyter kernel needs), its own
+  PID, IPC, UTS and user namespaces, and ``--die-with-parent``: when the grader kills
+  the sandbox (wall-clock limit) or exits, every process inside dies with it, including
+  detached ``setsid`` children;
+* when the grader runs as root, bwrap sets up the mounts privileged and the command
+  drops to an unprivileged uid per parallel slot (``setpriv``, no capabilities, no new
+  privileges), so the process-count limit (``RLIMIT_NPROC``, counted per uid) holds;
+  ``/root`` and ``/home`` are covered by tmpfs (the interpreter and venv are bound back
+  read-only when they live there); as an ordinary user, bwrap uses a user namespace;
+* rlimits set before exec and inherited by every process: address space, CPU seconds,
+  process count, file size.
+
+Outputs go to files, never to pipes the grader waits on, so a child that keeps a pipe
+open cannot make the grader hang. The wall-clock limit kills the whole namespace.
+
+When bubblewrap is missing or cannot create namespaces here (a container without user
+namespaces), :func:`sandbox_status` says why and grading falls back to a plain
+subprocess with the same rlimits and a loud warning (``sandbox="auto"``), or refuses
+(``sandbox="bwrap"``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal, Sequence
+
+__all__ = ["SandboxLimits", "SandboxRun", "sandbox_status", "run_sandboxed", "SANDBOX_WORK",
+           "SLOT_UID_BASE"]
+
+#: Where the scratch folder appears inside the sandbox.
+SANDBOX_WORK = "/tmp/work"
+#: Unprivileged uid of parallel slot k (when the grader runs as root): SLOT_UID_BASE + k.
+SLOT_UID_BASE = 61000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SandboxLimits:
+    """Resource limits of one sandboxed run (validated by the caller, see ``Limits``)."""
+
+    wall_timeout_s: float
+    """Wall-clock seconds before the whole sandbox is killed."""
+    memory_gib: float | None = 8.0
+    """Address-space limit (RLIMIT_AS) per process, GiB; None: no limit."""
+    cpu_s: float | None = None
+    """CPU-time limit (RLIMIT_CPU) per process, seconds; None: the wall timeout."""
+    nproc: int = 256
+    """Processes and threads of the sandbox's uid (RLIMIT_NPROC)."""
+    file_gib: float = 1.0
+    """Largest file a process may write (RLIMIT_FSIZE), GiB."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxRun:
+    """What one sandboxed run did."""
+
+    returncode: int | None
+    """Exit status; None when killed at the wall-clock limit."""
+    timed_out: bool
+    wall_s: float
+    sandboxed: bool
+    """False: ran as a plain subprocess (no bubblewrap), see ``warning``."""
+    warning: str = ""
+
+
+def _needed() -> list[Path]:
+    """Folders the notebook must read: the interpreter, the venv, perflab, the data."""
+    import perflab
+    from perflab.dataset import default_data_root
+
+    out = [Path(sys.base_prefix), Path(sys.prefix), Path(perflab.__file__).parents[1],
+           default_data_root()]
+    return [p.resolve() for p in out if p.exists()]
+
+
+def _unreadable_by_others() -> list[Path]:
+    """Needed folders (or their entries) that an unprivileged uid cannot read."""
+    import stat
+
+    bad = []
+    private = [Path("/root"), Path("/home")]  # replaced by tmpfs in the sandbox
+    for p in _needed():
+        for q in [p, *p.parents, *(c for c in p.iterdir() if c.is_dir())]:
+            if q in private or any(d in q.parents for d in private) and q in p.parents:
+                continue
+            try:
+                mode = q.stat().st_mode
+            except OSError:
+                continue
+            if not (mode & stat.S_IXOTH and (q in p.parents or mode & stat.S_IROTH)):
+                if not any(q in b.parents or q == b for b in bad):
+                    bad.append(q)
+    return bad
+
+
+def _root_mode() -> tuple[bool, str]:
+    """As root: (drop to a slot uid with setpriv, why not). Dropping needs every needed
+    folder readable by other users; else the notebook runs as root inside a user
+    namespace with no capabilities, where RLIMIT_NPROC cannot hold (root is exempt)."""
+    bad = _unreadable_by_others()
+    if not bad:
+        return True, ""
+    names = " ".join(str(b) for b in bad[:3])
+    return False, (f"the process-count limit is not enforced: {names} cannot be read by an "
+                   f"unprivileged uid (fix: chmod -R a+rX {names})")
+
+
+def _bwrap_argv(uid: int | None = None) -> list[str]:
+    """bubblewrap's options for the file system and namespaces (before hides/binds).
+
+    As root with ``uid``, bwrap runs privileged (no user namespace needed) and the
+    command drops to ``uid`` with setpriv (:func:`_drop_to`). As root without ``uid``,
+    bwrap makes a user namespace and drops every capability. As an ordinary user, bwrap
+    makes a user namespace (``--unshare-all``). As root, /root and /home are covered by
+    tmpfs (the interpreter, venv, perflab and data bound back read-only when there).
+    """
+    root = os.geteuid() == 0
+    if root and uid is not None:
+        ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+              "--unshare-cgroup-try"]
+    elif root:
+        ns = ["--unshare-all", "--unshare-user", "--uid", str(SLOT_UID_BASE), "--gid",
+              str(SLOT_UID_BASE), "--cap-drop", "ALL"]
+    else:
+        ns = ["--unshare-all"]
+    argv = [shutil.which("bwrap") or "bwrap", *ns, "--die-with-parent", "--new-session",
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--perms", "1777", "--tmpfs", "/tmp"]
+    if root:
+        private = [Path(d) for d in ("/root", "/home") if Path(d).is_dir()]
+        argv += [a for d in private for a in ("--tmpfs", str(d))]
+        for keep in _needed():
+            top = next((d for d in private if d in keep.parents), None)
+            if top is None:
+                continue
+            for parent in reversed(keep.parents):  # traversable, like on the host
+                if top in parent.parents:
+                    argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += ["--ro-bind", str(keep), str(keep)]
+    return argv
+
+
+def _drop_to(uid: int | None) -> list[str]:
+    """The command prefix that drops root to ``uid`` inside the sandbox, every
+    capability gone and no way back (no_new_privs)."""
+    if uid is None:
+        return []
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}",
+            "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+            "--"]
+
+
+@functools.lru_cache(maxsize=None)
+def sandbox_status() -> tuple[bool, str]:
+    """(whether bubblewrap sandboxes work here, a one-line reason when they do not).
+
+    Tries ``bwrap ... true`` once per process, in the mode :func:`run_sandboxed` uses.
+    """
+    if shutil.which("bwrap") is None:
+        return False, ("bubblewrap (bwrap) is not installed: apt-get install bubblewrap "
+                       "(.ci/run installs it)")
+    uid = SLOT_UID_BASE if os.geteuid() == 0 and _root_mode()[0] else None
+    if uid is not None and shutil.which("setpriv") is None:
+        return False, "running as root and setpriv (util-linux) is missing"
+    try:
+        p = subprocess.run(_bwrap_argv(uid) + ["--", *_drop_to(uid), sys.executable, "-c", ""],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"bwrap could not start: {e}"
+    if p.returncode != 0:
+        return False, (f"bwrap cannot create namespaces here (no user namespaces in this "
+                       f"container?): {p.stderr.strip()[:300]}")
+    return True, ""
+
+
+def _preexec(limits: SandboxLimits, nproc: int):
+    def apply() -> None:  # in the child, between fork and exec; inherited by all inside
+        import resource
+
+        def cap(which, value):
+            resource.setrlimit(which, (value, value))
+
+        if limits.memory_gib is not None:
+            cap(resource.RLIMIT_AS, int(limits.memory_gib * 2**30))
+        cpu = limits.cpu_s if limits.cpu_s is not None else limits.wall_timeout_s
+        cap(resource.RLIMIT_CPU, max(1, int(cpu) + 1))
+        cap(resource.RLIMIT_NPROC, nproc)
+        cap(resource.RLIMIT_FSIZE, int(limits.file_gib * 2**30))
+        cap(resource.RLIMIT_CORE, 0)
+    return apply
+
+
+def _processes_of(uid: int) -> int:
+    import psutil
+
+    n = 0
+    for p in psutil.process_iter(["uids", "num_threads"]):
+        try:
+            if p.info["uids"] and p.info["uids"].real == uid:
+                n += p.info["num_threads"] or 1
+        except psutil.Error:
+            pass
+    return n
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the sandbox: bwrap's process group; --die-with-parent takes the namespace."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _kill_uid(uid: int) -> None:
+    """Kill every process left with this slot's uid (belt and braces after bwrap)."""
+    import psutil
+
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.info["uids"] and p.info["uids"].real == uid:
+                p.kill()
+        except psutil.Error:
+            pass
+
+
+def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
+                  limits: SandboxLimits, log_path: Path, hide: Sequence[Path] = (),
+                  pass_fds: Sequence[int] = (), slot: int = 0,
+                  mode: Literal["auto", "bwrap", "none"] = "auto") -> SandboxRun:
+    """Run ``cmd`` in ``scratch`` (seen as :data:`SANDBOX_WORK` inside the sandbox).
+
+    Args:
+        cmd: the command; paths in it must be as seen inside (use ``SANDBOX_WORK``).
+        scratch: host folder the command may write (it is made writable for the slot's
+            uid); nothing else is writable.
+        env: the whole environment of the command (nothing is inherited).
+        limits: wall-clock, memory, CPU, process and file-size limits.
+        log_path: host file that receives stdout and stderr (a file, not a pipe).
+        hide: host folders (or files) made invisible inside (empty tmpfs / /dev/null).
+        pass_fds: open file descriptors the command inherits (the verdict channel).
+        slot: parallel slot number: picks the unprivileged uid when running as root.
+        mode: ``"bwrap"`` requires bubblewrap; ``"auto"`` falls back to a plain
+            subprocess with a warning; ``"none"`` never sandboxes (tests, debugging).
+
+    Returns:
+        A :class:`SandboxRun`; never raises for anything the command does.
+
+    Raises:
+        RuntimeError: ``mode="bwrap"`` and bubblewrap does not work here.
+    """
+    ok, why = sandbox_status() if mode != "none" else (False, "sandbox disabled (mode='none')")
+    if mode == "bwrap" and not ok:
+        raise RuntimeError(f"sandbox required but unavailable: {why}")
+    sandboxed = ok and mode != "none"
+    warning = "" if sandboxed else (
+        f"WARNING: NOT SANDBOXED ({why}): this submission ran as a plain subprocess with "
+        "rlimits only; it could read and write your files")
+    uid = (SLOT_UID_BASE + slot) if sandboxed and os.geteuid() == 0 and _root_mode()[0] \
+        else None
+    if sandboxed and os.geteuid() == 0 and uid is None:
+        warning = f"WARNING: {_root_mode()[1]}"
+    if uid is not None:
+        _kill_uid(uid)  # nothing may be left from an earlier run in this slot
+        for root, dirs, files in os.walk(scratch):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.chown(name, uid, uid)
+        nproc = limits.nproc
+    else:  # RLIMIT_NPROC counts every process of this user: leave room for ours
+        nproc = limits.nproc + _processes_of(os.getuid())
+    if sandboxed:
+        inner_cmd = [c.replace(str(scratch), SANDBOX_WORK) for c in cmd]
+        argv = _bwrap_argv(uid)
+        for h in hide:
+            h = Path(h).resolve()
+            if h.is_dir():
+                argv += ["--tmpfs", str(h)]
+            elif h.exists():
+                argv += ["--ro-bind", "/dev/null", str(h)]
+        argv += ["--bind", str(scratch), SANDBOX_WORK, "--chdir", SANDBOX_WORK, "--clearenv"]
+        for k, v in env.items():
+            argv += ["--setenv", k, v.replace(str(scratch), SANDBOX_WORK)]
+        argv += ["--", *_drop_to(uid), *inner_cmd]
+        run_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        cwd = "/"
+    else:
+        argv, run_env, cwd = list(cmd), dict(env), str(scratch)
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=cwd, env=run_env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, pass_fds=tuple(pass_fds),
+                                start_new_session=True, preexec_fn=_preexec(limits, nproc))
+        try:
+            rc: int | None = proc.wait(timeout=limits.wall_timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            rc, timed_out = None, True
+            if not sandboxed:  # a Jupyter kernel runs in a session of its own
+                _kill_children(proc.pid)
+        _kill_group(proc)  # also after a normal exit: detached children in the group
+    if uid is not None:
+        _kill_uid(uid)
+    return SandboxRun(rc, timed_out, time.monotonic() - start, sandboxed, warning)
+
+
+def _kill_children(pid: int) -> None:
+    """Unsandboxed fallback only: kill a live process's descendants. A child that
+    detached and whose parent exited escapes this (one reason bubblewrap is preferred)."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)

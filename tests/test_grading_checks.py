@@ -1,0 +1,190 @@
+"""Every check cell of solutions/ in the probe / judge format: its judge passes on right
+facts and fails on wrong ones (no kernel: judges run on plain JSON values, as in grading).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perflab import detect_stragglers, ideal_step_s, ring_allreduce_wire_bytes, zero_memory
+from perflab.course.answers import assemble, autograded
+from perflab.course.checks import split_check, run_judge
+
+ROOT = Path(__file__).resolve().parents[1]
+INF = math.inf
+
+
+def _overlap(c, m, s, f):
+    return [(c + m - s) / (c + m - ideal_step_s(c, m)), (c + m - s) / (c + m - ideal_step_s(c, m, f))]
+
+
+def _comm(sizes, w, alpha=1e-4, beta=1.25e8):
+    return sum(alpha + ring_allreduce_wire_bytes(n, w) / beta for n in sizes)
+
+
+_BUCKETS = [[25 * 2**20], [2**20, 300_000], []]
+_LIVE = [[0.05] * 10, [0.1] * 10]
+_KNOBS = {"storage_latency_ms": 5.0, "compute_only": False, "model": "resnet18",
+          "image_size": 64, "batch_size": 32, "amp": "off", "device": "cpu", "dataset": "d",
+          "seed": 0, "decoded_cache": "off", "device_prefetch": False, "num_workers": 0}
+_STEP = {"data": [.1, .1], "forward": [.2, .2], "backward": [.3, .3], "optimizer": [.1, .1]}
+_ZERO = [[11_000_000, n, zero_memory(11_000_000, n, stage=2).total_bytes] for n in (8, 1)]
+
+#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)])
+FACTS = {
+    ("00", "check_samples_per_s"): ({"got": [320.0, 32.0, 80.0]},
+                                    [({"got": [3.2, 32.0, 80.0]}, False)]),
+    ("00", "check_throughput"): ({"facts": {"mine": 320.0, "batch_size": 32, "median_s": 0.1}},
+                                 [({"facts": {"mine": 32.0, "batch_size": 32, "median_s": 0.1}}, False)]),
+    ("01", "check_phase_sum"): ({"timed": {**_STEP, "step": [.7, .7]}},
+                                [({"timed": {**_STEP, "step": [.9, .9]}}, False),
+                                 ({"timed": {"data": [.1, .1], "step": [.1, .1]}}, False)]),
+    ("01", "check_throughput"): (
+        {"facts": {"mine": 320.0, "is_float": True, "measured": 320.0, "median_s": .1, "batch_size": 32}},
+        [({"facts": {"mine": 100.0, "is_float": True, "measured": 320.0, "median_s": .1, "batch_size": 32}}, False),
+         ({"facts": {"mine": 321.0, "is_float": True, "measured": 320.0, "median_s": .1, "batch_size": 32}}, True)]),
+    ("01", "check_dominant_phase"): (
+        {"facts": {"mine": "backward", "dominant": "backward", "shares": {"backward": .6}}},
+        [({"facts": {"mine": "data", "dominant": "backward", "shares": {"backward": .6}}}, False)]),
+    ("02", "check_data_wait"): (
+        {"facts": {"mine": .25, "is_float": True, "measured": .25, "data_mean_s": .25, "step_mean_s": 1.0}},
+        [({"facts": {"mine": 25.0, "is_float": True, "measured": .25, "data_mean_s": .25, "step_mean_s": 1.0}}, False)]),
+    ("02", "check_fixed_pipeline"): (
+        {"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "device_prefetch": True}, "slow_knobs": _KNOBS},
+        [({"fixed_knobs": {**_KNOBS, "device_prefetch": True}, "slow_knobs": _KNOBS}, False),
+         ({"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "storage_latency_ms": 0},
+           "slow_knobs": _KNOBS}, False),
+         ({"fixed_knobs": None, "slow_knobs": _KNOBS}, False)]),
+    ("03", "check_amp_step"): (
+        {"amp_steps": [{"detached_fp32": True, "mine": 2.3, "ref": 2.3}] * 2,
+         "amp_seen": {"seen": ["torch.bfloat16"], "want": "torch.bfloat16", "weights_differ": []}},
+        [({"amp_steps": [{"detached_fp32": True, "mine": 2.3, "ref": 2.3}],
+           "amp_seen": {"seen": ["torch.float32"], "want": "torch.bfloat16", "weights_differ": []}}, False),
+         ({"amp_steps": [{"detached_fp32": True, "mine": 2.1, "ref": 2.3}],
+           "amp_seen": {"seen": ["torch.bfloat16"], "want": "torch.bfloat16", "weights_differ": []}}, False)]),
+    ("03", "check_fp32_kind"): ({"facts": {"mine": "loss", "kept": ["aten::_log_softmax"]}},
+                                [({"facts": {"mine": "normalization", "kept": ["aten::_log_softmax"]}}, False)]),
+    ("03", "check_verdict"): (
+        {"facts": {"mine": "faster", "significant": True, "speedup": 1.5, "verdict": "v"}},
+        [({"facts": {"mine": "slower", "significant": True, "speedup": 1.5, "verdict": "v"}}, False),
+         ({"facts": {"mine": "faster", "significant": False, "speedup": 1.5, "verdict": "v"}}, False)]),
+    ("04", "check_checkpointed_forward"): (
+        {"before": 100, "after": 40, "MIB": 2**20, "ckpt": {"no_grad": [], "changed": []}},
+        [({"before": 100, "after": 80, "MIB": 2**20, "ckpt": {"no_grad": [], "changed": []}}, False),
+         ({"before": 100, "after": 40, "MIB": 2**20, "ckpt": {"no_grad": [], "changed": ["fc.weight"]}}, False)]),
+    ("04", "check_predict_segments"): ({"predicted_mib": 10.0, "measured_mib": 10.5},
+                                       [({"predicted_mib": 5.0, "measured_mib": 10.5}, False)]),
+    ("04", "check_accumulate"): (
+        {"acc_errors": {"2": {"w": 1e-6}, "4": {"w": 1e-6}, "odd": {"w": 1e-6}}},
+        [({"acc_errors": {"2": {"w": .1}, "4": {"w": 1e-6}, "odd": {"w": 1e-6}}}, False),
+         ({"acc_errors": {"2": None, "4": {"w": 1e-6}, "odd": {"w": 1e-6}}}, False),
+         ({"acc_errors": {"2": {"w": 1e-6}, "4": {"w": 1e-6}, "odd": {"w": .1}}}, True)]),
+    ("05", "check_nobreak"): (
+        {"facts": {"breaks": 0, "graphs": 1, "reasons": [], "same": [True] * 5}},
+        [({"facts": {"breaks": 1, "graphs": 2, "reasons": ["if"], "same": [True] * 5}}, False),
+         ({"facts": {"breaks": 0, "graphs": 1, "reasons": [], "same": [True, False]}}, False)]),
+    ("05", "check_no_recompiles"): (
+        {"facts": {"calls": 6, "lrs": 6, "recompiles": 0, "graphs": 1, "reasons": [], "same": [True] * 6}},
+        [({"facts": {"calls": 6, "lrs": 6, "recompiles": 5, "graphs": 6, "reasons": [], "same": [True] * 6}}, False),
+         ({"facts": {"calls": 5, "lrs": 6, "recompiles": None, "graphs": None, "reasons": [], "same": []}}, False)]),
+    ("05", "check_break_even"): (
+        {"measured": [["training", 10.0, 0.2, 0.1, 100.0], ["chain", 1.0, 0.1, 0.1, INF]],
+         "fixed": [100.0, INF, INF]},
+        [({"measured": [["training", 10.0, 0.2, 0.1, 50.0]], "fixed": [100.0, INF, INF]}, False),
+         ({"measured": [["training", 10.0, 0.2, 0.1, 100.0]], "fixed": [100.0, -100.0, INF]}, True)]),
+    ("06", "check_hook_bytes"): (
+        {"sent": {"none": [100, 200], "fp16": [50, 100], "bf16": [50, 100]}, "sums": [[1.0, 1.0], [1.0, 1.0]]},
+        [({"sent": {"none": [100, 200], "fp16": [100, 200], "bf16": [50, 100]}, "sums": [[1.0, 1.0], [1.0, 1.0]]}, False),
+         ({"sent": {"none": [100, 200], "fp16": [50, 100], "bf16": [50, 100]}, "sums": [[1.5, 1.0], [1.5, 1.0]]}, False)]),
+    ("06", "check_overlap_efficiency"): (
+        {"cases": [[1.0, 0.9, 1.3, 0.3], [0.5, 0.8, 1.0, 0.2]],
+         "yours": [_overlap(1.0, 0.9, 1.3, 0.3), _overlap(0.5, 0.8, 1.0, 0.2)]},
+        [({"cases": [[1.0, 0.9, 1.3, 0.3]], "yours": [_overlap(1.0, 0.9, 1.3, 0.3)[::-1]]}, False)]),
+    ("06", "check_predict_comm"): (
+        {"bucket_lists": _BUCKETS, "link": {"alpha_s": 1e-4, "beta_bytes_per_s": 1.25e8},
+         "predicted": [[_comm(b, 2), _comm(b, 8)] for b in _BUCKETS]},
+        [({"bucket_lists": _BUCKETS, "link": {"alpha_s": 1e-4, "beta_bytes_per_s": 1.25e8},
+           "predicted": [[_comm(b, 2, alpha=0), _comm(b, 8, alpha=0)] for b in _BUCKETS]}, False)]),
+    ("07", "check_predicted_loss"): (
+        {"mine": [0.0, 0.5, 0.2, 0.75]}, [({"mine": [0.0, 1.0, 0.25, 3.0]}, False)]),
+    ("07", "check_loss_matches_prediction"): ({"predicted_half": 0.5},
+                                              [({"predicted_half": 1.0}, False)]),
+    ("07", "check_detector"): (
+        {"found": [[2, [1]], [2, []], [4, [2]], [4, []], [3, [0]], [2, []]], "late_found": [[], [0]],
+         "live": [_LIVE], "live_found": [[v.rank for v in detect_stragglers(_LIVE)]]},
+        [({"found": [[2, []], [2, []], [4, [2]], [4, []], [3, [0]], [2, []]], "late_found": [[], [0]],
+           "live": [], "live_found": []}, False),
+         ({"found": [[2, [1]], [2, []], [4, [2]], [4, []], [3, [0]], [2, []]], "late_found": [[0], [0]],
+           "live": [], "live_found": []}, False),
+         ({"found": [[2, [1]], [2, []], [4, [2]], [4, []], [3, [0]], [2, []]], "late_found": [[], [0]],
+           "live": [_LIVE], "live_found": [[0, 1]]}, False)]),
+    ("08", "check_mfu"): ({"facts": {"mine": 1.0, "is_float": True, "ref": 1.0}},
+                          [({"facts": {"mine": 2.0, "is_float": True, "ref": 1.0}}, False),
+                           ({"facts": {"mine": 1, "is_float": False, "ref": 1.0}}, False)]),
+    ("08", "check_zero_stage2"): (
+        {"zero_got": _ZERO, "paper_bytes": 16.640625e9},
+        [({"zero_got": [[p, n, 2 * b] for p, n, b in _ZERO], "paper_bytes": 16.640625e9}, False),
+         ({"zero_got": _ZERO, "paper_bytes": 1e9}, True)]),
+    ("08", "check_union_length"): ({"fixed": [0, 20.0, 20.0], "mine": 5.0, "busy": 5.0},
+                                   [({"fixed": [0, 23.0, 20.0], "mine": 5.0, "busy": 5.0}, False),
+                                    ({"fixed": [0, 20.0, 20.0], "mine": 6.0, "busy": 5.0}, False)]),
+    ("08", "check_report"): (
+        {"facts": {"report": "word " * 30 + "1.50x and 12.00 %", "quotes": [["1.50x", "s"], ["12.00 %", "m"]]}},
+        [({"facts": {"report": "word " * 30, "quotes": [["1.50x", "s"]]}}, False),
+         ({"facts": {"report": None, "quotes": []}}, False)]),
+}
+#: Checks with no student answer before them: they check the lab's own machinery.
+NO_ANSWER = {("06", "check_calibration"): {"cal": {"alpha_s": 10e-3, "beta_bytes_per_s": 1e9 / 8,
+                                                    "sizes": [2**k for k in range(10, 25, 2)],
+                                                    "world_size": 2}}}
+
+
+def _checks() -> dict[tuple[str, str], str]:
+    out = {}
+    for path in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        assemble(nb, {})  # every check cell splits
+        for gid in autograded(nb):
+            cell = next(c for c in nb.cells
+                        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid)
+            out[path.name[:2], gid] = cell.source
+    return out
+
+
+CHECKS = _checks()
+
+
+def test_every_check_has_right_and_wrong_facts():
+    assert set(CHECKS) == set(FACTS) | set(NO_ANSWER)
+
+
+@pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_judge_passes_right_facts_and_fails_wrong_ones(key):
+    check = split_check(CHECKS[key])
+    right, wrongs = FACTS[key]
+    right = json.loads(json.dumps(right))  # exactly what travels from the probe
+    verdict = run_judge(check, right, name=key[1])
+    assert verdict.passed, verdict.message
+    for wrong, hidden in wrongs:
+        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=key[1])
+        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
+        assert verdict.message
+
+
+@pytest.mark.parametrize("key", sorted(NO_ANSWER), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_judge_without_an_answer_is_deterministic(key):
+    check = split_check(CHECKS[key])
+    verdicts = [run_judge(check, NO_ANSWER[key]) for _ in range(3)]
+    assert all(v.passed for v in verdicts), verdicts[0].message
+
+
+def test_no_check_grades_a_live_timing():
+    """The judges read no live clock: none imports time or perflab's timing tools."""
+    for key, src in CHECKS.items():
+        judge = split_check(src).judge
+        for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_"):
+            assert word not in judge, (key, word)

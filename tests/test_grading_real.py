@@ -1,0 +1,51 @@
+"""Grading real labs: the reference solutions, graded 5 times in parallel sandboxes on a
+loaded machine, get full marks every time (only deterministic facts earn points), and a
+wrong answer still loses exactly its check. Slow: each run is a real lab's kernel."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import slow
+from perflab.course.grading import Limits, grade_submissions
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITS = Limits(cell_timeout_s=600, wall_timeout_s=1500)
+
+
+def _edit(nb, gid, src):
+    for c in nb.cells:
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid:
+            c.source = src
+    return nb
+
+
+@slow
+@pytest.mark.parametrize("lab, gid, wrong, check", [
+    ("00", "samples_per_s", "def my_samples_per_s(batch_size, step_s):\n"
+                            "    return step_s / batch_size", "check_samples_per_s"),
+    ("07", "predicted_loss", "def my_predicted_loss(step_s, delay_s):\n"
+                             "    return delay_s / step_s", "check_predicted_loss"),
+])
+def test_reference_graded_five_times_gets_full_marks(tmp_path, lab, gid, wrong, check):
+    (sol,) = sorted((ROOT / "solutions").glob(f"{lab}_*.ipynb"))
+    ref, subs = tmp_path / "reference", tmp_path / "subs"
+    ref.mkdir()
+    shutil.copy(sol, ref / sol.name)
+    for i in range(5):
+        (subs / f"ref{i}").mkdir(parents=True)
+        shutil.copy(sol, subs / f"ref{i}" / sol.name)
+    (subs / "wrong").mkdir()
+    nbformat.write(_edit(nbformat.read(str(sol), as_version=4), gid, wrong),
+                   str(subs / "wrong" / sol.name))
+    grades = {g.student: g for g in grade_submissions(subs, ref, limits=LIMITS, jobs=2)}
+    for i in range(5):
+        g = grades[f"ref{i}"]
+        assert g.points == g.max_points > 0, [(c.grade_id, c.message) for c in g.checks
+                                              if c.status != "passed"]
+    wrong_checks = {c.grade_id: c for c in grades["wrong"].checks}
+    assert wrong_checks[check].points == 0 and wrong_checks[check].status == "failed"
+    assert grades["wrong"].points == grades["ref0"].points - wrong_checks[check].max_points
