@@ -6,8 +6,8 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from perflab.config import RunConfig
-from perflab.plots import (PHASE_COLORS, figure_to_png, plot_comparison, plot_phases,
-                           plot_throughput)
+from perflab.figures import PHASE_COLORS, figure_to_png
+from perflab.plots import plot_comparison, plot_phases, plot_throughput
 from perflab.result import RunResult
 from synthetic import synthetic_result
 
