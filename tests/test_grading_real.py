@@ -25,8 +25,9 @@ def _edit(nb, gid, src):
 
 @slow
 @pytest.mark.parametrize("lab, gid, wrong, check", [
-    ("00", "samples_per_s", "def my_samples_per_s(batch_size, step_s):\n"
-                            "    return step_s / batch_size", "check_samples_per_s"),
+    # (a wrong my_samples_per_s would also fail check_throughput, which uses it)
+    ("00", "throughput", "my_throughput = config.batch_size * result.step.median",
+     "check_throughput"),
     ("07", "predicted_loss", "def my_predicted_loss(step_s, delay_s):\n"
                              "    return delay_s / step_s", "check_predicted_loss"),
 ])
@@ -48,4 +49,9 @@ def test_reference_graded_five_times_gets_full_marks(tmp_path, lab, gid, wrong, 
                                               if c.status != "passed"]
     wrong_checks = {c.grade_id: c for c in grades["wrong"].checks}
     assert wrong_checks[check].points == 0 and wrong_checks[check].status == "failed"
-    assert grades["wrong"].points == grades["ref0"].points - wrong_checks[check].max_points
+    # later checks that use the wrong answer fail too (Lab 07's loss check uses
+    # my_predicted_loss); checks before it are untouched
+    assert grades["wrong"].points <= grades["ref0"].points - wrong_checks[check].max_points
+    order = [c.grade_id for c in grades["ref0"].checks]
+    before = order[:order.index(check)]
+    assert all(wrong_checks[g].status == "passed" for g in before), before

@@ -141,9 +141,14 @@ def _bwrap_argv(uid: int | None = None) -> list[str]:
     argv = [shutil.which("bwrap") or "bwrap", *ns, "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--perms", "1777", "--tmpfs", "/tmp"]
+    # /tmp is always a fresh tmpfs; as root /root and /home are too. What the notebook
+    # needs under them (a checkout or venv in /tmp, as in a CI clone) is bound back.
+    private = [Path("/tmp").resolve()]
     if root:
-        private = [Path(d) for d in ("/root", "/home") if Path(d).is_dir()]
-        argv += [a for d in private for a in ("--tmpfs", str(d))]
+        homes = [Path(d) for d in ("/root", "/home") if Path(d).is_dir()]
+        argv += [a for d in homes for a in ("--tmpfs", str(d))]
+        private += homes
+    if private:
         for keep in _needed():
             top = next((d for d in private if d in keep.parents), None)
             if top is None:
