@@ -241,9 +241,16 @@ def test_fork_bomb(batch):
 
 def test_memory_hog(batch):
     row = batch["rows"]["memory_hog"]
-    assert _points(row, "09") == {"check_answer": 0, "check_double": 1, "check_base": 1}
+    points = _points(row, "09")
     log = (batch["out"] / "instructor" / "memory_hog-09.md").read_text()
-    assert "NameError" in log
+    # The memory limit stops the hog (MemoryError, so `answer` is never set: NameError
+    # in its check; later checks pass); on a loaded machine filling memory up to the
+    # limit can outlast the 10 s cell timeout instead, which stops the notebook there.
+    if "NameError" in log:
+        assert points == {"check_answer": 0, "check_double": 1, "check_base": 1}
+    else:
+        assert "Timeout of 10 seconds" in log, log[-2000:]
+        assert points == {"check_answer": 0, "check_double": 0, "check_base": 0}
 
 
 def test_infinite_loop(batch):
