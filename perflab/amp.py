@@ -28,7 +28,7 @@ from perflab.config import RunConfig
 from perflab.figures import InlineFigure
 from perflab.loading import BatchStream
 from perflab.result import RunResult
-from perflab.step import AMP_DTYPES, build_training, train_step
+from perflab.step import AMP_DTYPES, build_training, make_scaler, train_step
 
 __all__ = ["op_dtypes", "ops_kept_in_fp32", "Parity", "loss_parity", "plot_parity",
            "scaler_trace", "scaler_steps"]
@@ -262,7 +262,7 @@ def scaler_trace(config: RunConfig, *, steps: int = 50) -> pd.DataFrame:
         raise ValueError(f"steps must be >= 1, got {steps}")
     config = config.replace(amp="fp16")
     loader, model, optimizer, device = build_training(config)
-    scaler = torch.amp.GradScaler(device.type)
+    scaler = make_scaler(config, device)  # config.amp is "fp16" here
     with BatchStream(loader, config, device) as batches:
         table = scaler_steps(model, batches, optimizer, scaler, steps=steps, amp="fp16")
     table["log2_scale"] = table["scale"].map(lambda s: math.log2(s) if s > 0 else math.nan)

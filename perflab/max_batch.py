@@ -27,7 +27,7 @@ import torch
 from perflab.checkpointing import segment_plan, stage_table
 from perflab.config import RunConfig
 from perflab.memory import GIB, MIB, model_state_bytes, saved_activation_bytes
-from perflab.step import train_step
+from perflab.step import make_scaler, train_step
 from perflab.workloads import synthetic_batch, training_parts
 
 __all__ = ["MaxBatch", "search_max_batch", "find_max_batch", "cpu_step_bytes"]
@@ -160,7 +160,7 @@ def _cuda_fits(config: RunConfig) -> Callable[[int], tuple[bool, int | None, str
         torch.cuda.reset_peak_memory_stats(dev)
         try:
             parts = training_parts(config, batch_size=n)
-            scaler = torch.amp.GradScaler("cuda") if config.amp == "fp16" else None
+            scaler = make_scaler(config, dev)
             for _ in range(2):  # the second step holds the optimizer state too
                 train_step(parts.model, parts.x, parts.y, parts.optimizer,
                            amp=config.amp, scaler=scaler)
