@@ -9,6 +9,8 @@ world_size, ...), each with a default that means "off".
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +32,20 @@ MAX_STORAGE_LATENCY_MS = 1000.0
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
                  "max-autotune-no-cudagraphs")
+#: Upper bounds: beyond them a value is almost surely a typo (``batch_size=32000``) that
+#: would start allocating gigabytes before failing; each error names the bound.
+MAX_IMAGE_SIZE = 1024
+MAX_BATCH_SIZE = 4096
+MAX_STEPS = 100_000
+MAX_WORKERS = 64
+MAX_THREADS = 1024
+MAX_WORLD_SIZE = 64
+MAX_LR = 100.0
+
+
+def _real(v: Any) -> bool:
+    """A finite int or float, not a bool (``True`` is an int in Python)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -178,52 +194,60 @@ class RunConfig:
             if not cond:
                 raise ValueError(msg)
 
+        def whole(name: str, lo: int, hi: int | None, why: str = "") -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo
+            ok = ok and (hi is None or v <= hi)
+            rng = f">= {lo}" if hi is None else f"in {lo}..{hi:,}"
+            need(ok, f"{name} must be an int {rng}{why}, got {v!r}")
+
+        need(isinstance(self.label, str),
+             f"label must be a string (it names files and plots), got {self.label!r}")
         need(isinstance(self.device, str) and self.device.split(":")[0] in DEVICES,
              f"device must be one of {DEVICES} (or 'cuda:N'), got {self.device!r}")
-        need(self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}")
-        need(isinstance(self.image_size, int) and self.image_size >= 16,
-             f"image_size must be an int >= 16 pixels, got {self.image_size!r}")
-        need(isinstance(self.batch_size, int) and self.batch_size >= 2,
-             f"batch_size must be an int >= 2 (BatchNorm needs more than one sample per "
-             f"step), got {self.batch_size!r}")
-        need(isinstance(self.steps, int) and self.steps >= 2,
-             f"steps must be an int >= 2 (statistics need two samples), got {self.steps!r}")
-        need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0,
-             f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
-        need(isinstance(self.lr, (int, float)) and self.lr > 0,
-             f"lr must be > 0, got {self.lr!r}")
-        need(isinstance(self.num_workers, int) and self.num_workers >= 0,
-             f"num_workers must be an int >= 0 (0 loads in the main process), "
-             f"got {self.num_workers!r}")
+        need(isinstance(self.model, str) and self.model in MODELS,
+             f"model must be one of {MODELS}, got {self.model!r}")
+        whole("image_size", 16, MAX_IMAGE_SIZE, " pixels")
+        whole("batch_size", 2, MAX_BATCH_SIZE, " (BatchNorm needs more than one sample "
+              "per step; larger batches: use accumulation_steps)")
+        whole("steps", 2, MAX_STEPS, " (statistics need two samples)")
+        whole("warmup_steps", 0, MAX_STEPS)
+        need(_real(self.lr) and 0 < self.lr <= MAX_LR,
+             f"lr must be a finite number in (0, {MAX_LR:g}], got {self.lr!r}")
+        whole("num_workers", 0, MAX_WORKERS, " (0 loads in the main process)")
+        need(isinstance(self.pin_memory, bool),
+             f"pin_memory must be True or False, got {self.pin_memory!r}")
+        need(isinstance(self.persistent_workers, bool),
+             f"persistent_workers must be True or False, got {self.persistent_workers!r}")
         need(not (self.persistent_workers and self.num_workers == 0),
              "persistent_workers=True needs num_workers > 0; set num_workers >= 1 "
              "or persistent_workers=False")
         need(self.prefetch_factor is None or self.num_workers > 0,
              "prefetch_factor needs num_workers > 0; set num_workers >= 1 "
              "or prefetch_factor=None")
-        need(self.prefetch_factor is None
-             or (isinstance(self.prefetch_factor, int) and self.prefetch_factor >= 1),
-             f"prefetch_factor must be None or an int >= 1, got {self.prefetch_factor!r}")
-        need(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
-             f"threads must be None or an int >= 1, got {self.threads!r}")
-        need(isinstance(self.seed, int), f"seed must be an int, got {self.seed!r}")
-        need(self.amp in AMP_MODES, f"amp must be one of {AMP_MODES}, got {self.amp!r}")
-        need(self.compile in COMPILE_MODES,
+        if self.prefetch_factor is not None:
+            whole("prefetch_factor", 1, 64, " or None")
+        if self.threads is not None:
+            whole("threads", 1, MAX_THREADS, " or None")
+        whole("seed", 0, 2**32 - 1, " (numpy's seed range)")
+        need(isinstance(self.amp, str) and self.amp in AMP_MODES, f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+        need(isinstance(self.compile, str) and self.compile in COMPILE_MODES,
              f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
-        need(isinstance(self.storage_latency_ms, (int, float))
-             and not isinstance(self.storage_latency_ms, bool)
+        need(_real(self.storage_latency_ms)
              and 0 <= self.storage_latency_ms <= MAX_STORAGE_LATENCY_MS,
              f"storage_latency_ms must be a number of milliseconds in 0..."
              f"{MAX_STORAGE_LATENCY_MS:g} (0 = off), got {self.storage_latency_ms!r}")
-        need(self.decoded_cache in CACHE_MODES,
+        need(isinstance(self.decoded_cache, str) and self.decoded_cache in CACHE_MODES,
              f"decoded_cache must be one of {CACHE_MODES}, got {self.decoded_cache!r}")
+        need(isinstance(self.channels_last, bool),
+             f"channels_last must be True or False, got {self.channels_last!r}")
         need(isinstance(self.device_prefetch, bool),
              f"device_prefetch must be True or False, got {self.device_prefetch!r}")
         need(isinstance(self.compute_only, bool),
              f"compute_only must be True or False, got {self.compute_only!r}")
         self._check_distributed(need)
         ckpt = self.checkpointing
-        need(ckpt in ("none", "per_stage")
+        need((isinstance(ckpt, str) and ckpt in ("none", "per_stage"))
              or (isinstance(ckpt, int) and not isinstance(ckpt, bool) and ckpt >= 1),
              f"checkpointing must be 'none', 'per_stage' or an int >= 1 (segments), "
              f"got {ckpt!r}")
@@ -232,6 +256,8 @@ class RunConfig:
         need(not (isinstance(ckpt, int) and ckpt > 5),
              f"checkpointing={ckpt} segments, but ResNet-18 has 5 stages; use 1..5")
         if self.dataset is not None:
+            need(isinstance(self.dataset, (str, os.PathLike)),
+                 f"dataset must be None or a folder path (str), got {self.dataset!r}")
             p = Path(self.dataset).expanduser()
             need(p.is_dir(), f"dataset={self.dataset!r} is not a directory; pass an "
                  "ImageFolder root, or dataset=None for the embedded set (`perflab data`)")
@@ -244,19 +270,19 @@ class RunConfig:
     def _check_distributed(self, need: Any) -> None:
         """World size, DDP knobs, simulated link and straggler, each naming the fix."""
         ws = self.world_size
-        need(isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1,
-             f"world_size must be an int >= 1 (ranks), got {ws!r}")
-        need(isinstance(self.bucket_cap_mb, (int, float)) and not isinstance(
-            self.bucket_cap_mb, bool) and self.bucket_cap_mb > 0,
-             f"bucket_cap_mb must be > 0 MiB, got {self.bucket_cap_mb!r}")
+        need(isinstance(ws, int) and not isinstance(ws, bool) and 1 <= ws <= MAX_WORLD_SIZE,
+             f"world_size must be an int in 1..{MAX_WORLD_SIZE} (ranks on this machine), "
+             f"got {ws!r}")
+        need(_real(self.bucket_cap_mb) and 0 < self.bucket_cap_mb <= 4096,
+             f"bucket_cap_mb must be a number of MiB in (0, 4096], got {self.bucket_cap_mb!r}")
         need(isinstance(self.gradient_as_bucket_view, bool),
              f"gradient_as_bucket_view must be True or False, got "
              f"{self.gradient_as_bucket_view!r}")
-        need(self.comm_hook in COMM_HOOKS,
+        need(isinstance(self.comm_hook, str) and self.comm_hook in COMM_HOOKS,
              f"comm_hook must be one of {COMM_HOOKS}, got {self.comm_hook!r}")
         acc = self.accumulation_steps
-        need(isinstance(acc, int) and not isinstance(acc, bool) and acc >= 1,
-             f"accumulation_steps must be an int >= 1, got {acc!r}")
+        need(isinstance(acc, int) and not isinstance(acc, bool) and 1 <= acc <= 1024,
+             f"accumulation_steps must be an int in 1..1024, got {acc!r}")
         need(self.link is None or isinstance(self.link, SimulatedLink),
              f"link must be None or a SimulatedLink (e.g. SimulatedLink.preset('1gbe')), "
              f"got {self.link!r}")

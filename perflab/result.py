@@ -17,6 +17,7 @@ import pandas as pd
 from perflab.config import RunConfig
 from perflab.measurement import Measurement
 from perflab.memory import PeakMemory
+from perflab.storage import write_new_json
 
 __all__ = ["RunResult", "PHASES", "default_results_dir", "source_checkout_root"]
 
@@ -157,20 +158,23 @@ class RunResult:
                    extra=d.get("extra", {}))
 
     def save(self, results_dir: str | Path | None = None) -> "RunResult":
-        """Write ``<results_dir>/<UTC time>-<label>.json``; returns a copy with ``path`` set."""
+        """Write ``<results_dir>/<UTC time>-<label>.json`` atomically under a new name
+        (``-2``, ``-3``, ... when taken: concurrent savers never overwrite each other);
+        returns a copy with ``path`` set.
+
+        Raises:
+            perflab.storage.StorageError: the folder is not writable or the disk is full;
+                nothing (not even an empty file) is left, and this result is still in
+                memory: save it elsewhere with ``result.save("other/folder")``.
+        """
         out = Path(results_dir) if results_dir else default_results_dir()
-        out.mkdir(parents=True, exist_ok=True)
         stamp = self.created.replace(":", "").replace("-", "").split(".")[0]
         slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.label)[:60]
         if self.rank is not None:
             slug += f"-rank{self.rank}"
-        path = out / f"{stamp}-{slug}.json"
-        n = 1
-        while path.exists():
-            n += 1
-            path = out / f"{stamp}-{slug}-{n}.json"
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return RunResult.from_dict(self.to_dict(), path=str(path))
+        data = self.to_dict()
+        path = write_new_json(out, f"{stamp}-{slug}", data)
+        return RunResult.from_dict(data, path=str(path))
 
     @classmethod
     def load(cls, path: str | Path) -> "RunResult":

@@ -8,6 +8,9 @@ the ranks (:mod:`perflab.distributed`), which run the same step under DDP.
 """
 from __future__ import annotations
 
+import math
+import warnings
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -18,7 +21,8 @@ from perflab.env import env_summary
 from perflab.loading import BatchStream
 from perflab.measurement import Measurement
 from perflab.memory import PeakMemory, read_peak, reset_peak
-from perflab.result import RunResult
+from perflab.result import RunResult, default_results_dir
+from perflab.storage import StorageError, check_writable
 from perflab.step import build_training, make_scaler, train_step
 from perflab.timing import PhaseTimer, Stopwatch
 
@@ -38,8 +42,10 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
     Args:
         config: the experiment.
         progress: show a tqdm progress bar (a widget in Jupyter, text elsewhere).
-        save: write the result as JSON (see :meth:`RunResult.save`).
+        save: write the result as JSON the moment it exists (atomically, under a new
+            name: see :meth:`RunResult.save`); False keeps it in memory only.
         results_dir: where to save; None -> :func:`perflab.result.default_results_dir`.
+            Checked writable before any work starts.
         profiler: an active ``torch.profiler.profile``; ``profiler.step()`` is called
             after every step (used by :func:`perflab.profiling.profile`).
 
@@ -50,17 +56,24 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
     Returns:
         The :class:`RunResult` (with ``path`` set when saved).
 
+    A result that cannot be saved after training (the disk filled up meanwhile) is
+    returned unsaved, with a warning that says why: the measurement is never lost. A loss
+    that becomes NaN or infinite (learning rate too high) is warned about.
+
     Raises:
-        ValueError / FileNotFoundError: bad dataset (before any training starts).
+        ValueError: ``config`` is not a RunConfig, ``save`` is not a bool,
+            ``results_dir`` is not writable; bad dataset (all before any training).
+        FileNotFoundError: the dataset is missing (before any training starts).
         perflab.distributed.RankFailedError, LaunchTimeoutError: a rank failed (DDP).
     """
+    out = _check_destination(config, save, results_dir)
     if config.world_size > 1:
         if profiler is not None:
             raise ValueError("profiler= profiles one process; for a data-parallel run "
                              "profile each rank inside perflab.distributed.launch_fn")
         from perflab.distributed import launch  # the same step on every rank
 
-        return launch(config, progress=progress, save=save, results_dir=results_dir)[0]
+        return launch(config, progress=progress, save=save, results_dir=out)[0]
     old_threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -98,11 +111,46 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
     result = RunResult(config=config, phases=phases, losses=tuple(losses), peak_memory=peak,
                        env=env, num_classes=len(loader.dataset.classes),
                        wall_s=wall.elapsed_s)
-    return result.save(results_dir) if save else result
+    _warn_diverged(result)
+    return _save_or_keep(result, out) if save else result
+
+
+def _check_destination(config: Any, save: Any, results_dir: Any) -> Path | None:
+    """Validate what a run will write before it starts; the folder to save in (or None)."""
+    if not isinstance(config, RunConfig):
+        raise ValueError(f"config must be a RunConfig (e.g. RunConfig.preset('quick')), "
+                         f"got {type(config).__name__}")
+    if not isinstance(save, bool):
+        raise ValueError(f"save must be True or False, got {save!r}")
+    if results_dir is not None and not isinstance(results_dir, (str, Path)):
+        raise ValueError(f"results_dir must be a folder path or None, got {results_dir!r}")
+    if not save:
+        return None
+    return check_writable(Path(results_dir) if results_dir else default_results_dir(),
+                          field="results_dir")
+
+
+def _save_or_keep(result: RunResult, out: Path | None) -> RunResult:
+    """Save ``result``; when the disk refuses, warn and keep it in memory (unsaved)."""
+    try:
+        return result.save(out)
+    except StorageError as e:
+        warnings.warn(f"{result.label!r} was measured but not saved ({e}); it is returned "
+                      "unsaved: call .save('another/folder') on it to keep it",
+                      RuntimeWarning, stacklevel=3)
+        return result
+
+
+def _warn_diverged(result: RunResult) -> None:
+    bad = next((i for i, v in enumerate(result.losses) if not math.isfinite(v)), None)
+    if bad is not None:
+        warnings.warn(f"{result.label!r}: the loss became {result.losses[bad]} at step "
+                      f"{bad} (training diverged): lower lr (now {result.config.lr:g}); "
+                      "the step times are still measured", RuntimeWarning, stacklevel=3)
 
 
 def run_interleaved(configs: Sequence[RunConfig], *, rounds: int = 2, progress: bool = True,
-                    save: bool = False, results_dir: str | None = None) -> list[RunResult]:
+                    save: bool = True, results_dir: str | None = None) -> list[RunResult]:
     """Run each config ``rounds`` times, alternating (A B A B ...), and pool the rounds.
 
     On a shared or thermally throttling machine, speed drifts over tens of seconds;
@@ -112,19 +160,37 @@ def run_interleaved(configs: Sequence[RunConfig], *, rounds: int = 2, progress: 
     samples per phase), the first round's losses (every round starts from the same
     seed), the highest peak memory and the summed wall time.
 
+    With ``save`` (the default) every round is saved the moment it is measured, under
+    ``<results_dir>/rounds/``, and each pooled result in ``results_dir``: an interrupted
+    comparison keeps its finished rounds (Ctrl-C prints where they are).
+
     Raises:
-        ValueError: ``rounds`` < 1 or no configs; anything :func:`run` raises.
+        ValueError: ``rounds`` < 1 or no configs, or anything :func:`run` refuses
+            (every config is validated before the first round starts).
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     if not configs:
         raise ValueError("run_interleaved needs at least one RunConfig")
+    out = None
+    for config in configs:
+        out = _check_destination(config, save, results_dir)
+    rounds_dir = out / "rounds" if out is not None else None
     per_config: list[list[RunResult]] = [[] for _ in configs]
-    for _ in range(rounds):
-        for i, config in enumerate(configs):
-            per_config[i].append(run(config, progress=progress, save=False))
+    try:
+        for _ in range(rounds):
+            for i, config in enumerate(configs):
+                r = run(config, progress=progress, save=False)
+                per_config[i].append(_save_or_keep(r, rounds_dir) if save else r)
+    except KeyboardInterrupt:
+        kept = [r.path for rs in per_config for r in rs if r.path]
+        where = (f"; saved {len(kept)} finished round(s) in {rounds_dir}" if kept
+                 else "; nothing was saved (save=False or no round finished)")
+        print(f"interrupted after {sum(map(len, per_config))} of {rounds * len(configs)} "
+              f"rounds{where}")
+        raise
     pooled = [_pool(rs) for rs in per_config]
-    return [r.save(results_dir) if save else r for r in pooled]
+    return [_save_or_keep(r, out) if save else r for r in pooled]
 
 
 def _pool(results: list[RunResult]) -> RunResult:

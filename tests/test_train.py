@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,7 +96,7 @@ def test_bad_dataset_fails_before_training(tmp_path, results_dir):
     cfg = RunConfig(model="tiny", dataset=str(tmp_path), batch_size=2)
     with pytest.raises(ValueError, match="broken.jpg"):
         run(cfg, progress=False)
-    assert not results_dir.exists()  # nothing was run, nothing saved
+    assert not list(results_dir.rglob("*"))  # nothing was run, nothing saved
 
 
 @pytest.mark.parametrize("changes", [dict(amp="bf16"), dict(channels_last=True),
@@ -143,8 +144,11 @@ def test_run_interleaved_pools_rounds(tiny_dataset, results_dir):
     ra, rb = run_interleaved([a, a.replace(amp="bf16")], rounds=2, progress=False)
     assert ra.step.n == 6 and len(ra.step.warmup_s) == 2 and rb.config.amp == "bf16"
     assert len(ra.losses) == 4 and ra.env["rounds"] == 2
-    assert not results_dir.exists()
-    with pytest.raises(ValueError, match="rounds must be >= 1"):
+    # saved by default: every round as it was measured, and the two pooled results
+    assert len(list((results_dir / "rounds").glob("*.json"))) == 4
+    assert sorted(Path(r.path).parent for r in (ra, rb)) == [results_dir] * 2
+    assert RunResult.load(ra.path).step.n == 6
+    with pytest.raises(ValueError, match="rounds must be an int >= 1"):
         run_interleaved([a], rounds=0)
     with pytest.raises(ValueError, match="at least one RunConfig"):
         run_interleaved([])
