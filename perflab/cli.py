@@ -170,11 +170,17 @@ def config_from_args(args: argparse.Namespace):
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from perflab.env import env_summary, lab_capabilities
+    from perflab.roofline import measure_roofline
 
     print("perflab doctor\n")
     print(env_summary())
+    print("\nMeasuring this machine's roofline (a few seconds) ...")
+    roof = measure_roofline()
+    print(roof)
+    for dtype in ("bf16", "fp16"):
+        print(f"  {roof.explain(dtype)}")
     print("\nWhat each lab can show on this machine:")
-    for row in lab_capabilities():
+    for row in lab_capabilities(roofline=roof):
         print(f"  {row['lab']:<28} {row['status']:<10} {row['note']}")
     return 0
 

@@ -11,6 +11,7 @@ import platform
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -131,8 +132,15 @@ def _cpuinfo_lines() -> list[str]:
         return []
 
 
-def lab_capabilities(device: str = "auto") -> list[dict[str, str]]:
+def lab_capabilities(device: str = "auto", roofline: Any = None) -> list[dict[str, str]]:
     """One row per lab: whether it ships in this checkout and what this machine can show.
+
+    Args:
+        device: a ``RunConfig.device`` value.
+        roofline: a measured :class:`perflab.roofline.Roofline` of ``device`` (what
+            ``perflab doctor`` passes): Lab 03's row then says, from the measurement,
+            whether bf16 is faster here, with :func:`bf16_support`'s flags as context.
+            None: the row gives the flags only and concludes nothing about speed.
 
     Returns:
         dicts with keys ``lab``, ``status`` ("ready", or "no notebook here" in a wheel install without the checkout) and ``note``.
@@ -150,8 +158,9 @@ def lab_capabilities(device: str = "auto") -> list[dict[str, str]]:
         "01": f"phase timing on {dev}" + (" with CUDA events" if dev.type == "cuda" else ""),
         "02": f"worker sweep 0..{cores} on {cores} core(s); device prefetch "
               + ("on a side CUDA stream" if dev.type == "cuda" else "is a pass-through here"),
-        "03": f"bf16 {'fast' if bf16 else 'emulated'} ({why}); fp16 + GradScaler "
-              + ("available" if dev.type == "cuda" else "needs CUDA"),
+        "03": (f"{roofline.explain('bf16')} (flags: {why})" if roofline is not None
+               else f"bf16 speed not measured (flags: {why}; `perflab doctor` measures it)")
+              + "; fp16 + GradScaler " + ("available" if dev.type == "cuda" else "needs CUDA"),
         "04": "peak memory from " + ("the CUDA allocator" if dev.type == "cuda"
                                      else "process RSS (CPU)"),
         "05": f"inductor C++ compiler: {cxx or 'missing (install g++)'}",
@@ -159,8 +168,8 @@ def lab_capabilities(device: str = "auto") -> list[dict[str, str]]:
                                                           ("nccl", dist.is_nccl_available()
                                                            and dev.type == "cuda")) if ok),
         "07": f"simulated stragglers across {cores} core(s)",
-        "08": "MFU against " + ("the datasheet peak" if dev.type == "cuda"
-                                else "a measured CPU matmul peak"),
+        "08": "MFU against the peak of the run's dtype: " + (
+            "the datasheet's" if dev.type == "cuda" else "this CPU's measured matmul rate"),
     }
     root = source_checkout_root()
     rows = []

@@ -10,8 +10,9 @@
   (forward + backward); HFU = achieved *hardware* FLOP/s / peak, where hardware FLOPs
   also count the forward pieces activation checkpointing recomputes in backward.
 * Peak FLOP/s: the vendor datasheet value for known GPUs (:data:`PEAK_TFLOPS`, dense,
-  no structured sparsity), else a *measured* matmul peak (CPU or unknown GPU), labelled
-  "measured"; never a guess (an unmeasurable peak is None and MFU "unavailable").
+  no structured sparsity), else a *measured* matmul peak of the run's dtype (CPU or
+  unknown GPU; :mod:`perflab.roofline`, so a bf16 run on a CPU without bf16
+  instructions is compared with that CPU's bf16 rate), labelled "measured"; never a guess (an unmeasurable peak is None and MFU "unavailable").
 """
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ from perflab.dtypes import LOW_PRECISION_DTYPES
 from perflab.env import env_summary
 from perflab.models import build_model
 from perflab.result import RunResult
+from perflab.roofline import measure_matmul
 from perflab.timing import measure
 
 __all__ = ["FlopCount", "count_flops", "PeakFlops", "peak_flops", "measure_peak_flops",
-           "PEAK_TFLOPS", "Utilization", "utilization", "mfu_pct", "dtype_of"]
+           "PEAK_TFLOPS", "Utilization", "utilization", "mfu_pct", "dtype_of",
+           "measured_peak"]
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16"]
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
@@ -285,7 +288,8 @@ def peak_flops(device: str | torch.device = "auto", dtype: Dtype = "fp32", *,
     """Peak dense FLOP/s of ``device`` in ``dtype``: datasheet, measured, or unavailable.
 
     A CUDA GPU in :data:`PEAK_TFLOPS` gets its datasheet value (dense); a CPU, or a GPU
-    not in the table, gets :func:`measure_peak_flops` when ``measure_unknown``, else
+    not in the table, gets :func:`measured_peak` (this process's measured matmul rate in
+    ``dtype``, :mod:`perflab.roofline`) when ``measure_unknown``, else
     "unavailable" (flops_per_s None). A dtype the datasheet lists no figure for (e.g.
     bf16 on a V100) is unavailable.
 
@@ -308,9 +312,27 @@ def peak_flops(device: str | torch.device = "auto", dtype: Dtype = "fp32", *,
     if dtype == "tf32" and dev.type != "cuda":
         return PeakFlops(None, dtype, name, "unavailable: tf32 is a CUDA tensor-core format")
     if measure_unknown:
-        return measure_peak_flops(dev, dtype)
+        return measured_peak(dev, dtype)
     return PeakFlops(None, dtype, name, "unavailable: device not in the datasheet table "
                      "and measure_unknown=False")
+
+
+def measured_peak(device: str | torch.device, dtype: Dtype) -> PeakFlops:
+    """The peak of ``dtype`` from :func:`perflab.roofline.measure_matmul` (the same,
+    per-process cached measurement ``perflab doctor`` prints), labelled "measured";
+    "unavailable" when the device does not run that dtype.
+
+    Raises:
+        ValueError: a dtype the roofline does not measure (e.g. tf32).
+    """
+    dev = torch.device(device)
+    roof = measure_matmul(dev, dtype)
+    name = _device_name(dev)
+    if roof.gflops is None:
+        return PeakFlops(None, dtype, name, f"unavailable: {roof.note}")
+    return PeakFlops(roof.gflops * 1e9, dtype, name,
+                     f"measured: {roof.n}x{roof.n} {dtype} matmul (torch.utils.benchmark), "
+                     f"{torch.get_num_threads()} threads")
 
 
 def dtype_of(config: RunConfig) -> str:

@@ -19,6 +19,9 @@ def test_doctor(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "torch_threads" in out and "01 Profile ResNet-18" in out and "08 Capstone" in out
+    # the bf16 conclusion comes from the measured roofline, the CPU flags are context
+    assert "Roofline of" in out and "bf16 matmul runs at" in out and "(flags: " in out
+    assert "bf16 fast" not in out
 
 
 def test_run_prints_phases_and_saves(tiny_dataset, results_dir, capsys):
