@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 from PIL import Image
 
 from perflab.dataset import default_data_root
+from perflab.storage import FileLock, require_free_bytes, write_atomic
 from perflab.timing import Stopwatch
 
 
@@ -173,20 +174,12 @@ def get_cache(dataset: Dataset, size: int,
         path = folder / f"{dataset.root.name}-{dataset.split}-{size}px-{key}.npy"
         if not path.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8,
-                                                shape=(n, 3, size, size))
-                _decode_all(dataset, size, arr, threads)
-                arr.flush()
-                del arr
-                os.replace(tmp, path)
-                path.with_suffix(".json").write_text(json.dumps(
-                    {"root": str(dataset.root), "split": dataset.split, "size": size,
-                     "images": n, "classes": list(classes)}, indent=1))
-            finally:
-                tmp.unlink(missing_ok=True)
-            build_s = sw.elapsed_s
+            # One builder per cache file; a second waits, then finds it built.
+            with FileLock(path.with_name(f".{path.name}.lock")):
+                build_s = 0.0
+                if not path.is_file():
+                    _build_mmap(dataset, path, (n, 3, size, size), threads, classes)
+                    build_s = sw.elapsed_s
         else:
             build_s = 0.0
         images = np.load(path, mmap_mode="r")
@@ -198,6 +191,41 @@ def get_cache(dataset: Dataset, size: int,
     while len(_MEMORY) > _MEMORY_KEEP:
         _MEMORY.popitem(last=False)
     return cache
+
+
+def _build_mmap(dataset: Dataset, path: Path, shape: tuple[int, int, int, int],
+                threads: int | None, classes: tuple[str, ...]) -> None:
+    """Decode into a temp ``.npy`` beside ``path``, then rename it into place.
+
+    The file's blocks are reserved first (``posix_fallocate``): a full disk then fails
+    here with a clear ``ValueError`` instead of killing the process with SIGBUS when a
+    page of the memory map cannot be written back.
+    """
+    nbytes = int(np.prod(shape))
+    require_free_bytes(path.parent, nbytes, what="the decoded cache (decoded_cache='mmap')",
+                       field="PERFLAB_DATA, or use decoded_cache='memory'")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+        if hasattr(os, "posix_fallocate"):
+            fd = os.open(tmp, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+            except OSError as e:
+                raise ValueError(f"cannot reserve {nbytes / 2**20:,.0f} MiB for the decoded "
+                                 f"cache in {path.parent} ({e.strerror}): free disk space "
+                                 "or use decoded_cache='memory'") from e
+            finally:
+                os.close(fd)
+        _decode_all(dataset, shape[-1], arr, threads)
+        arr.flush()
+        del arr
+        os.replace(tmp, path)
+        write_atomic(path.with_suffix(".json"), json.dumps(
+            {"root": str(dataset.root), "split": dataset.split, "size": shape[-1],
+             "images": shape[0], "classes": list(classes)}, indent=1))
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _reused(cache: DecodedCache) -> DecodedCache:

@@ -11,6 +11,13 @@ label is the photograph a crop came from. Layout (an ImageFolder)::
 
 Every image has its own RNG seeded from ``(seed, split, class, index)``, so a build is
 byte-identical for any number of processes; ``manifest.json`` holds the SHA-256 fingerprint.
+
+Builders and readers can run at once. ``photo-patches`` is a symbolic link to a complete
+version folder (``.photo-patches.v-<sha256 prefix>``); a build writes a new version
+folder and swaps the link atomically (``os.replace``), so a reader sees the old set or
+the new one, never a half-swapped one. Builders take a file lock
+(``.photo-patches.lock``): a second builder waits for the first, then finds the set
+complete and returns it.
 """
 from __future__ import annotations
 
@@ -26,6 +33,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from perflab.storage import FileLock, require_free_bytes
 
 __all__ = ["EMBEDDED_NAME", "CLASSES", "SOURCES", "default_data_root", "build_dataset",
            "ensure_dataset", "dataset_fingerprint"]
@@ -164,18 +173,45 @@ def build_dataset(root: str | os.PathLike[str] | None = None, *, seed: int = 0,
     if not 1 <= quality <= 95:
         raise ValueError(f"JPEG quality must be in 1..95, got {quality}")
     root = Path(root).expanduser() if root is not None else default_data_root()
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"root={str(root)!r} is a file, not a folder: pass the folder the "
+                         f"dataset should live in (it gets a {EMBEDDED_NAME}/ subfolder)")
     final = root / EMBEDDED_NAME
     params = dict(format_version=FORMAT_VERSION, seed=seed, train_per_class=train_per_class,
                   val_per_class=val_per_class, min_side=min_side, max_side=max_side,
                   quality=quality, crop_scale=list(CROP_SCALE), resample="LANCZOS")
     counts = {"train": dict.fromkeys(CLASSES, train_per_class),
               "val": dict.fromkeys(CLASSES, val_per_class)}
-    old = _read_manifest(final)
-    if (not force and old is not None and old.get("params") == params
-            and all(f.is_file() for f in _expected_files(final, counts))):
-        return old
 
-    root.mkdir(parents=True, exist_ok=True)
+    def complete() -> dict[str, Any] | None:
+        old = _read_manifest(final)
+        if (old is not None and old.get("params") == params
+                and all(f.is_file() for f in _expected_files(final, counts))):
+            return old
+        return None
+
+    if not force and (done := complete()) is not None:
+        return done                                     # the common case: no lock needed
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"root={str(root)!r} cannot be created ({e.strerror}): pass a "
+                         "folder you can write to (or set PERFLAB_DATA)") from e
+    n_images = sum(sum(c.values()) for c in counts.values())
+    # JPEG at quality <= 95 is well under 1/4 of the raw RGB bytes (measured: ~1/8).
+    require_free_bytes(root, n_images * max_side * max_side * 3 // 4,
+                       what=f"building {EMBEDDED_NAME}", field="root (or PERFLAB_DATA)")
+    with FileLock(root / f".{EMBEDDED_NAME}.lock",
+                  on_wait=(lambda msg: print(msg, flush=True)) if progress else None):
+        if not force and (done := complete()) is not None:
+            return done                                 # another builder just finished it
+        return _build_locked(root, final, params, counts, processes, progress)
+
+
+def _build_locked(root: Path, final: Path, params: dict[str, Any],
+                  counts: dict[str, dict[str, int]], processes: int | None,
+                  progress: bool) -> dict[str, Any]:
+    """Build a new version folder and swap the ``final`` link to it (lock held)."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}.tmp-", dir=root))
     tmp.chmod(0o755)  # mkdtemp makes it 0700; readers (e.g. a grading sandbox's user) need r-x
     try:
@@ -202,15 +238,34 @@ def build_dataset(root: str | os.PathLike[str] | None = None, *, seed: int = 0,
         sha, size = _fingerprint(tmp)
         manifest = _manifest(params, counts, sha, size)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if final.exists():  # replace: move the old set aside first, then delete it
-            trash = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}.old-", dir=root))
-            final.rename(trash / EMBEDDED_NAME)
-            shutil.rmtree(trash, ignore_errors=True)
-        tmp.rename(final)
+        # A new name for every build (the sha prefix, then mkdtemp's unique suffix): a
+        # forced rebuild of the same bytes never touches the folder readers are using.
+        version = root / f".{EMBEDDED_NAME}.v-{sha[:16]}-{tmp.name.rsplit('-', 1)[-1]}"
+        tmp.rename(version)
+        _swap_link(final, version.name)
+        _remove_old_versions(root, keep=version.name)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _swap_link(final: Path, target: str) -> None:
+    """Point ``final`` at ``target`` (a sibling's name) atomically."""
+    link = final.with_name(f".{EMBEDDED_NAME}.link-{os.getpid()}")
+    link.unlink(missing_ok=True)
+    os.symlink(target, link, target_is_directory=True)
+    if final.is_dir() and not final.is_symlink():
+        # An older perflab's real folder: move it aside (a one-time, instant rename);
+        # _remove_old_versions deletes it.
+        final.rename(final.with_name(f".{EMBEDDED_NAME}.v-old-{os.getpid()}"))
+    os.replace(link, final)
+
+
+def _remove_old_versions(root: Path, keep: str) -> None:
+    for p in root.glob(f".{EMBEDDED_NAME}.v-*"):
+        if p.name != keep:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _manifest(params: dict[str, Any], counts: dict[str, dict[str, int]], sha: str,
