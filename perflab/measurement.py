@@ -51,10 +51,27 @@ class Measurement:
     _arr: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.label, str):
+            raise ValueError(f"Measurement label must be a string, got {self.label!r}")
         if len(self.times_s) < 1:
             raise ValueError(f"Measurement {self.label!r} needs at least one time, got none")
-        object.__setattr__(self, "times_s", tuple(float(t) for t in self.times_s))
-        object.__setattr__(self, "warmup_s", tuple(float(t) for t in self.warmup_s))
+        for name in ("times_s", "warmup_s"):
+            try:
+                vals = tuple(float(t) for t in getattr(self, name))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"Measurement {self.label!r}: {name} must be numbers of "
+                                 f"seconds ({e})") from e
+            bad = [t for t in vals if not (math.isfinite(t) and t >= 0)]
+            if bad:
+                raise ValueError(f"Measurement {self.label!r}: {name} has {len(bad)} value(s) "
+                                 f"that are not finite seconds >= 0 (first: {bad[0]!r}); "
+                                 "a NaN or negative time means the clock or the code that "
+                                 "timed it is broken")
+            object.__setattr__(self, name, vals)
+        sps = self.samples_per_step
+        if sps is not None and (isinstance(sps, bool) or not isinstance(sps, int) or sps < 1):
+            raise ValueError(f"Measurement {self.label!r}: samples_per_step must be None or "
+                             f"an int >= 1, got {sps!r}")
         object.__setattr__(self, "_arr", np.asarray(self.times_s, dtype=np.float64))
 
     # -- statistics (seconds) ---------------------------------------------------------
@@ -213,13 +230,19 @@ def compare(baseline: Measurement, new: Measurement, *, alpha: float = 0.05) -> 
     which assumes independent samples and makes no normality assumption.
 
     Raises:
-        ValueError: either measurement has fewer than 2 samples, or alpha not in (0, 1).
+        ValueError: an argument is not a Measurement (pass ``result.step`` for a
+            RunResult), either has fewer than 2 samples, or alpha not in (0, 1).
     """
+    for name, m in (("baseline", baseline), ("new", new)):
+        if not isinstance(m, Measurement):
+            hint = (" (a RunResult: pass its .step)" if hasattr(m, "step") else "")
+            raise ValueError(f"compare(): {name} must be a Measurement{hint}, got "
+                             f"{type(m).__name__} {m!r}"[:300])
     if baseline.n < 2 or new.n < 2:
         raise ValueError("compare() needs >= 2 samples in each measurement; "
                          f"got {baseline.n} and {new.n} (measure more steps)")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not (isinstance(alpha, float) and 0 < alpha < 1):
+        raise ValueError(f"alpha must be a float in (0, 1), got {alpha!r}")
     a, b = baseline._arr, new._arr
     ratio = lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis)  # noqa: E731
     if np.ptp(a) == 0 and np.ptp(b) == 0:  # bootstrap is degenerate on constant data

@@ -165,3 +165,29 @@ def test_compare_table():
         compare_table([])
     with pytest.raises(ValueError, match="out of range"):
         compare_table(ms, baseline=3)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(label="x", times_s=(0.1, float("nan"))), "not finite seconds >= 0"),
+    (dict(label="x", times_s=(0.1, -0.2)), "not finite seconds >= 0"),
+    (dict(label="x", times_s=(0.1, 0.2), warmup_s=(float("inf"),)), "warmup_s has 1"),
+    (dict(label="x", times_s=("fast",)), "times_s must be numbers of seconds"),
+    (dict(label=3, times_s=(0.1,)), "label must be a string"),
+    (dict(label="x", times_s=(0.1,), samples_per_step=True), "samples_per_step must be"),
+])
+def test_measurement_refuses_bad_times(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Measurement(**kwargs)
+
+
+def test_compare_refuses_what_is_not_a_measurement():
+    m = Measurement("a", (0.1, 0.2, 0.3))
+    with pytest.raises(ValueError, match="new must be a Measurement, got float"):
+        compare(m, 1.0)
+
+    class FakeResult:
+        step = m
+    with pytest.raises(ValueError, match=r"a RunResult: pass its \.step"):
+        compare(FakeResult(), m)
+    with pytest.raises(ValueError, match="alpha must be a float"):
+        compare(m, m, alpha=5)
