@@ -43,7 +43,7 @@ _PUBLIC: dict[str, list[str]] = {
     "straggler": ["STRAGGLER_WHERE", "Straggler"],
     "step": ["AMP_DTYPES", "StragglerDelay", "build_model_and_optimizer", "build_training", "make_scaler", "train_step"],
     "train": ["run", "run_interleaved"],
-    "profiling": ["ProfileSummary", "TOP_OPS_COLUMNS", "cprofile_loader", "line_profile_dataset", "memory_profile_step", "profile", "step_ranges"],
+    "profiling": ["ProfileSummary", "TOP_OPS_COLUMNS", "cprofile_loader", "line_profile_dataset", "memory_profile_step", "profile", "quiet_native_stderr", "step_ranges"],
     "diagnosis": ["COMM_SHARE", "DATA_WAIT_SHARE", "Diagnosis", "HostSyncs", "MEMORY_FRACTION", "OPTIMIZER_SHARE", "SYNC_OPS", "count_host_syncs", "diagnose"],
     "amp": ["Parity", "loss_parity", "op_dtypes", "ops_kept_in_fp32", "plot_parity", "scaler_steps", "scaler_trace"],
     "checkpointing": ["SETTINGS", "STAGE_NAMES", "Segment", "TradeoffCurve", "checkpointed_stages", "chen_cost", "segment_plan", "sqrt_n_segments", "stage_table", "tradeoff_curve"],

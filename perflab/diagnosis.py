@@ -1,18 +1,22 @@
-"""``diagnose(result)``: the dominant phase, the bottleneck, and the lab that fixes it.
+"""``diagnose(result)``: the dominant phase, the bottleneck, and the lab that fixes it;
+``count_host_syncs()``: the host-device synchronisations a piece of code makes.
 
 The rules and their thresholds are module constants, printed with every diagnosis, so
 a student can see why a run was called input-bound or compute-bound.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from perflab.result import PHASES, RunResult
 
 __all__ = ["diagnose", "Diagnosis", "DATA_WAIT_SHARE", "MEMORY_FRACTION", "COMM_SHARE",
-           "OPTIMIZER_SHARE"]
+           "OPTIMIZER_SHARE", "HostSyncs", "count_host_syncs", "SYNC_OPS"]
 
 #: Data-wait share of the mean step at or above which the input pipeline is the bottleneck.
 DATA_WAIT_SHARE = 0.20
@@ -129,3 +133,68 @@ def diagnose(result: RunResult, *, device_total_bytes: int | None = None) -> Dia
     return Diagnosis(dominant_phase=dominant, shares=shares, bottleneck=bottleneck,
                      labs=_LABS[bottleneck], reason=reason, thresholds=thresholds,
                      notes=tuple(notes))
+
+
+#: ATen ops that copy a device value to the host and so wait for the device: ``.item()``,
+#: ``float(t)``, ``int(t)``, ``bool(t)`` and ``if t:`` all call ``_local_scalar_dense``.
+SYNC_OPS = ("aten._local_scalar_dense",)
+
+
+@dataclass
+class HostSyncs:
+    """What :func:`count_host_syncs` saw: ``ops`` (one ATen op name per sync, in order)."""
+
+    ops: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """Number of host-device synchronisations."""
+        return len(self.ops)
+
+
+class _SyncCounter(TorchDispatchMode):
+    """Counts the ops that make the host wait for the device (see count_host_syncs)."""
+
+    def __init__(self, found: HostSyncs) -> None:
+        super().__init__()
+        self.found = found
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+        name = name if name.startswith("aten") else f"aten.{name}"
+        if name in SYNC_OPS:
+            self.found.ops.append(name)
+        elif name in ("aten._to_copy", "aten.copy_"):
+            src = args[1] if name == "aten.copy_" else args[0]
+            dst = (args[0].device if name == "aten.copy_"
+                   else torch.device(kwargs.get("device") or src.device))
+            if isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst.type == "cpu":
+                self.found.ops.append(f"{name} (device -> cpu)")
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def count_host_syncs() -> Iterator[HostSyncs]:
+    """Count the host-device synchronisations made inside the ``with`` block.
+
+    A ``TorchDispatchMode`` (PyTorch's "Python dispatcher" hook, torch.utils.
+    _python_dispatch) sees every ATen op the block runs, on any device, and records the
+    ones that copy device data to the host: ``_local_scalar_dense`` (``.item()``,
+    ``float(t)``, ``int(t)``, ``bool(t)``, ``if t:``) and copies from an accelerator to
+    the CPU (``.cpu()``, ``.to("cpu")``). On a GPU each of these makes the CPU wait until
+    the GPU has finished all queued work, so the CPU cannot run ahead to queue the next
+    kernels; on a CPU they cost little, but they are the same ops, so they can be counted
+    here. Not seen on a CPU: ``.tolist()``, ``.numpy()`` and ``.cpu()`` of CPU tensors
+    (no op is dispatched). On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` reports
+    every synchronising call as it happens (PyTorch docs, "CUDA semantics").
+
+    Usage::
+
+        with count_host_syncs() as syncs:
+            loss.item()
+        syncs.count  # 1
+    """
+    found = HostSyncs()
+    with _SyncCounter(found):
+        yield found

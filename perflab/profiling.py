@@ -10,6 +10,7 @@ is written here: these drive the libraries and return pandas DataFrames.
 from __future__ import annotations
 
 import cProfile
+import contextlib
 import linecache
 import os
 import pstats
@@ -30,11 +31,11 @@ from perflab.data import infinite_batches, make_loader
 from perflab.diagnosis import Diagnosis, diagnose
 from perflab.result import RunResult, default_results_dir
 from perflab.step import build_training, train_step
-from perflab.trace import load_trace, phase_times
+from perflab.trace import events_frame, load_trace, phase_times
 from perflab.train import run
 
 __all__ = ["profile", "ProfileSummary", "cprofile_loader", "line_profile_dataset",
-           "memory_profile_step", "TOP_OPS_COLUMNS"]
+           "memory_profile_step", "TOP_OPS_COLUMNS", "step_ranges", "quiet_native_stderr"]
 
 #: Columns of :attr:`ProfileSummary.top_ops` (times in milliseconds, shares in percent).
 TOP_OPS_COLUMNS = ("name", "calls", "self_cpu_ms", "cpu_total_ms", "self_cpu_pct",
@@ -283,3 +284,75 @@ def memory_profile_step(config: RunConfig) -> pd.DataFrame:
             for file, lines in mp.code_map.items() for lineno, mem in lines if mem]
     return pd.DataFrame(rows, columns=["lineno", "mem_usage_mib", "increment_mib",
                                        "occurrences", "source"])
+
+
+def step_ranges(trace: Any, names: tuple[str, ...] | list[str]) -> list[dict]:
+    """Which named ranges each profiled step holds, in order, and the ATen ops in each.
+
+    Reads the CPU events of a Chrome trace (``export_chrome_trace``): the
+    ``ProfilerStep#N`` ranges that ``prof.step()`` marks, the ``record_function`` ranges
+    named in ``names`` (category ``user_annotation``), and the ``cpu_op`` events. A range
+    belongs to the step whose span contains it; an op to the range that contains it on
+    the same thread (CPU autograd runs backward on the calling thread).
+
+    Args:
+        trace: a dict from :func:`perflab.trace.load_trace`, or a path.
+        names: range names to look for (e.g. ``("data", "forward", "backward",
+            "optimizer")``).
+
+    Returns:
+        Plain values (JSON-ready): one dict per step, in order, ``{"step":
+        "ProfilerStep#N", "ranges": [{"name", "ops"}, ...]}`` with the step's ranges in
+        start order and ``ops`` the sorted distinct ``aten::`` op names inside; ranges
+        in no step come last under ``"step": None``.
+
+    Raises:
+        ValueError / FileNotFoundError: see :func:`perflab.trace.load_trace`.
+    """
+    ev = events_frame(trace)
+    ev = ev.assign(end_us=ev["ts_us"] + ev["dur_us"])
+    ann = ev[ev["cat"] == "user_annotation"]
+    steps = ann[ann["name"].str.match(r"ProfilerStep#\d+$")].sort_values("ts_us")
+    ranges = ann[ann["name"].isin(list(names))].sort_values("ts_us")
+    ops = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("aten::")]
+    eps = 1e-3  # microseconds: ranges written with the same clock nest exactly
+
+    def inside(df, outer):
+        return df[(df["ts_us"] >= outer.ts_us - eps) & (df["end_us"] <= outer.end_us + eps)
+                  & (df["tid"] == outer.tid)]
+
+    out, used = [], set()
+    for st in steps.itertuples():
+        held = inside(ranges, st)
+        used.update(held.index)
+        out.append({"step": st.name, "ranges": [
+            {"name": r.name, "ops": sorted(set(inside(ops, r)["name"]))}
+            for r in held.itertuples()]})
+    rest = ranges.drop(index=list(used))
+    if len(rest):
+        out.append({"step": None, "ranges": [
+            {"name": r.name, "ops": sorted(set(inside(ops, r)["name"]))}
+            for r in rest.itertuples()]})
+    return out
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Send what C++ code writes to file descriptor 2 to ``/dev/null`` inside the block.
+
+    torch.profiler (Kineto) writes a timestamped ``USDT: ... profiler_start`` /
+    ``profiler_stop`` line to the process's stderr at every session; a Jupyter kernel
+    captures it as cell output, and a graded cell whose stored output must match would
+    fail on the timestamp. Python's ``sys.stderr`` (warnings, tracebacks) is untouched:
+    only the native descriptor is redirected, and restored on exit.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

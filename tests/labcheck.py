@@ -1,0 +1,51 @@
+"""Run a lab's real check cells on wrong answers: the probe runs the (wrong) student code
+in this process, its facts travel as JSON exactly as in grading, the judge decides.
+
+Used by tests/test_lab01_checks.py and tests/test_lab02_checks.py.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+
+from perflab.course.checks import run_judge, split_check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gid(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+class Lab:
+    """A solution notebook's cells by grade_id, and a namespace its set-up cell ran in."""
+
+    def __init__(self, lab: str) -> None:
+        (self.path,) = sorted((ROOT / "solutions").glob(f"{lab}_*.ipynb"))
+        self.nb = nbformat.read(str(self.path), as_version=4)
+        self.cells = {_gid(c): c.source for c in self.nb.cells if _gid(c)}
+        self.setup = next(c.source for c in self.nb.cells if c.cell_type == "code")
+
+    def namespace(self) -> dict:
+        ns: dict = {"__name__": "__main__"}
+        exec(compile(self.setup, "<setup>", "exec"), ns)
+        return ns
+
+    def run_code(self, ns: dict, source: str, name: str = "<cell>") -> None:
+        exec(compile(source, name, "exec"), ns)
+
+    def solution(self, gid: str) -> str:
+        return self.cells[gid]
+
+    def judge(self, ns: dict, check_gid: str):
+        """Run the check's probe in ``ns`` and its judge on the facts (JSON round trip)."""
+        check = split_check(self.cells[check_gid])
+        if check.probe.strip():
+            exec(compile(check.probe, f"<probe {check_gid}>", "exec"), ns)
+        facts = {n: ns[n] for n in check.names if n in ns}
+        facts = json.loads(json.dumps(facts, default=lambda o: o.tolist() if hasattr(o, "tolist")
+                                      else sorted(o) if isinstance(o, (set, frozenset))
+                                      else repr(o)[:500]))
+        return run_judge(check, facts, name=check_gid)
