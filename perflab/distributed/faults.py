@@ -10,7 +10,8 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["rank_and_sum", "raise_on_rank", "hang_on_rank", "exit_on_rank"]
+__all__ = ["rank_and_sum", "raise_on_rank", "hang_on_rank", "exit_on_rank", "sigkill_on_rank",
+           "sleep_on_every_rank"]
 
 
 def rank_and_sum() -> tuple[int, int, float]:
@@ -45,4 +46,27 @@ def exit_on_rank(bad_rank: int, code: int = 3) -> int:
     if dist.get_rank() == bad_rank:
         os._exit(code)
     dist.barrier()
+    return dist.get_rank()
+
+
+def sigkill_on_rank(bad_rank: int) -> int:
+    """Rank ``bad_rank`` is killed with SIGKILL (as the out-of-memory killer does: no
+    Python exception, no clean-up); the others wait in a barrier and lose their peer."""
+    import os
+    import signal
+
+    if dist.get_rank() == bad_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return dist.get_rank()
+
+
+def sleep_on_every_rank(seconds: float, ready_dir: str | None = None) -> int:
+    """Every rank sleeps ``seconds`` (long-running ranks whose launcher can be killed);
+    with ``ready_dir`` each first touches ``<ready_dir>/rank<r>.ready``."""
+    if ready_dir is not None:
+        from pathlib import Path
+
+        (Path(ready_dir) / f"rank{dist.get_rank()}.ready").touch()
+    time.sleep(seconds)
     return dist.get_rank()

@@ -21,17 +21,30 @@ Faults (STYLE: failure paths are tested with deliberate faults, see
 * a rank that hangs: a watchdog thread in every rank dumps all threads' stacks
   (``faulthandler``) and exits once ``timeout_s`` has passed; the launcher raises
   :class:`LaunchTimeoutError`. A second timer in the launching process kills any rank
-  still alive 15 s later, so no process is left behind either way.
+  still alive 15 s later, so no process is left behind either way;
+* a rank killed without a Python exception (SIGKILL from the out-of-memory killer, a
+  segfault) is named as the cause, not its peers' "connection closed" errors, with the
+  cgroup's OOM-kill count when the kernel exposes it;
+* the launching process dies (a killed notebook kernel): every rank notices within
+  ``_PARENT_POLL_S`` (it polls its parent's pid) and exits, instead of living on until
+  its watchdog.
+
+Ranks that outnumber the usable cores (``world_size x threads_per_rank``) are allowed
+(oversubscription is a lab topic) but warned about: their step times include waiting
+for a core. The launch's temporary folder (rank logs, error files) is removed after.
 """
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
+import shutil
 import signal
 import tempfile
 import threading
 import traceback
 import uuid
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -48,6 +61,11 @@ TIMEOUT_EXIT_CODE = 124
 _SHUTDOWN_S = 3
 #: Extra seconds the launching process waits before killing ranks itself.
 _BACKSTOP_S = 15.0
+#: How often a rank checks that the process that launched it is still alive (seconds).
+_PARENT_POLL_S = 0.5
+#: Text of the errors a rank raises when a peer vanished: effects, never the cause.
+_PEER_LOSS = ("Connection closed by peer", "Connection reset", "ECONNRESET", "Broken pipe",
+              "DistNetworkError", "recvBytes", "Socket Timeout", "connection refused")
 
 
 class RankFailedError(RuntimeError):
@@ -101,6 +119,25 @@ def _watchdog(timeout_s: float, rank: int, err_path: Path) -> threading.Timer:
     return timer
 
 
+def _exit_with_parent(parent_pid: int) -> threading.Thread:
+    """Exit this rank (``os._exit``) once ``parent_pid`` is gone.
+
+    A rank is a child of the launching process; when that dies (a notebook kernel killed
+    or restarted) the rank is re-parented, so ``os.getppid()`` changes. Polled by a
+    daemon thread (a heartbeat) because Linux's PR_SET_PDEATHSIG fires when the
+    *thread* that spawned the rank ends, and is Linux-only.
+    """
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid or not psutil.pid_exists(parent_pid):
+                os._exit(TIMEOUT_EXIT_CODE)
+            threading.Event().wait(_PARENT_POLL_S)
+
+    t = threading.Thread(target=watch, name="perflab-parent-watch", daemon=True)
+    t.start()
+    return t
+
+
 def _pin_to_cores(local_rank: int, threads_per_rank: int) -> None:
     """Bind this rank to its own block of ``threads_per_rank`` allowed cores (round-robin
     when there are more ranks than blocks: 4 ranks on 2 cores -> 2 per core).
@@ -118,10 +155,13 @@ def _pin_to_cores(local_rank: int, threads_per_rank: int) -> None:
 
 
 def _rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
-                threads_per_rank: int, err_dir: str, pin_cores: bool = False) -> Any:
+                threads_per_rank: int, err_dir: str, pin_cores: bool = False,
+                parent_pid: int | None = None) -> Any:
     """What each spawned rank runs: set threads and device, init the group, call fn."""
     import torch.distributed as dist
 
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
     rank = int(os.environ["RANK"])
     err_path = Path(err_dir) / f"rank{rank}.err"
     watchdog = _watchdog(timeout_s, rank, err_path)
@@ -235,9 +275,11 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     _check_importable(fn)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1 (ranks), got {world_size!r}")
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
-    if not isinstance(threads_per_rank, int) or threads_per_rank < 1:
+    if (not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool)
+            or not math.isfinite(timeout_s) or timeout_s <= 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+    if (not isinstance(threads_per_rank, int) or isinstance(threads_per_rank, bool)
+            or threads_per_rank < 1):
         raise ValueError(f"threads_per_rank must be an int >= 1, got {threads_per_rank!r}")
     backend = backend or default_backend(device)
     if backend not in ("gloo", "nccl"):
@@ -249,6 +291,13 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
 
     if pin_cores is None:
         pin_cores = backend == "gloo"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if backend == "gloo" and world_size * threads_per_rank > (cores or 1):
+        warnings.warn(f"{world_size} ranks x {threads_per_rank} thread(s) on {cores} usable "
+                      "core(s): the ranks are oversubscribed and share cores, so step times "
+                      "include waiting for a core (label such runs as oversubscribed)",
+                      RuntimeWarning, stacklevel=2)
+    oom_before = _oom_kills()
     err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
@@ -265,17 +314,35 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     backstop.start()
     try:
         out = elastic_launch(config, _rank_entry)(fn, tuple(args), backend, float(timeout_s),
-                                                  threads_per_rank, err_dir, pin_cores)
+                                                  threads_per_rank, err_dir, pin_cores,
+                                                  os.getpid())
     except ChildFailedError as e:
-        raise _failure(e, err_dir, world_size, timeout_s) from None
+        raise _failure(e, err_dir, world_size, timeout_s, oom_before) from None
     finally:
         backstop.cancel()
         _kill_new_children(before)  # normally none left: the agent reaped them
         _restore_signals(saved_signals)
+        shutil.rmtree(err_dir, ignore_errors=True)
     return [out[r] for r in range(world_size)]
 
 
-def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float) -> Exception:
+def _oom_kills() -> int | None:
+    """The out-of-memory killer's count for this cgroup (cgroup v2 ``memory.events``),
+    or None where the kernel does not expose it."""
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[-1]
+        text = Path(f"/sys/fs/cgroup{cgroup}/memory.events").read_text()
+    except (OSError, IndexError):
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return None
+
+
+def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,
+             oom_before: int | None = None) -> Exception:
     """Turn elastic's ChildFailedError into a RankFailedError or LaunchTimeoutError."""
     errors: dict[int, str] = {}
     for r in range(world_size):
@@ -293,23 +360,40 @@ def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float) -> Excepti
             f"rank(s) {running} still running after timeout_s={timeout_s:g} s; all "
             f"{world_size} ranks were stopped. Where they were:\n{where}\n\n"
             f"{errors[dumps[0]]}", running)
-    # a rank that died without a Python exception (a crash, os._exit, the OOM killer)
-    # is the root cause: its peers' "connection reset" errors only follow from it;
-    # SIGTERM/SIGKILL are the agent stopping the other ranks, not a cause
-    crashed = sorted(r for r, f in e.failures.items()
-                     if r not in errors and f.exitcode not in (-15, -9))
     raised = sorted(errors, key=lambda r: (Path(err_dir) / f"rank{r}.err").stat().st_mtime_ns)
-    if raised and not crashed:
-        rank = raised[0]
+    # A rank that raised its own exception is the cause; "connection closed" and the
+    # like on a rank are only the effect of a peer that vanished.
+    genuine = [r for r in raised if not any(s in errors[r] for s in _PEER_LOSS)]
+    # A rank that died without a Python exception (a crash, os._exit, SIGKILL from the
+    # OOM killer) is the cause too. SIGTERM is the agent stopping the other ranks.
+    died = sorted(r for r, f in e.failures.items() if r not in errors and f.exitcode != -15)
+    if genuine and not died:
+        rank = genuine[0]
         first_line = errors[rank].splitlines()[0]
         return RankFailedError(f"rank {rank} raised {first_line}\n\n{errors[rank]}",
                                rank, errors)
-    rank = crashed[0] if crashed else min(e.failures)
+    if not died:
+        rank = raised[0] if raised else min(e.failures)
+        text = errors.get(rank, str(e.failures.get(rank)))
+        return RankFailedError(f"rank {rank} raised {text.splitlines()[0]}\n\n{text}",
+                               rank, {**{r: str(f) for r, f in e.failures.items()},
+                                      **errors})
+    rank = died[0]
     failure = e.failures[rank]
     how = (f"signal {failure.signal_name()}" if failure.exitcode < 0
            else f"exit code {failure.exitcode}")
+    why = ""
+    if failure.exitcode == -9:
+        oom_after = _oom_kills()
+        if oom_before is not None and oom_after is not None and oom_after > oom_before:
+            why = (f": the out-of-memory killer (this cgroup's oom_kill count went "
+                   f"{oom_before} -> {oom_after}); lower batch_size, image_size or "
+                   "world_size")
+        else:
+            why = (": killed from outside, most likely by the out-of-memory killer "
+                   "(check `dmesg`); lower batch_size, image_size or world_size")
     after = "".join(f"\nthen rank {r}: {errors[r].splitlines()[0]}" for r in raised)
-    return RankFailedError(f"rank {rank} died ({how}) without a Python exception{after}",
+    return RankFailedError(f"rank {rank} died ({how}) without a Python exception{why}{after}",
                            rank, {**{r: str(f) for r, f in e.failures.items()}, **errors})
 
 

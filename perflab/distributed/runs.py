@@ -7,6 +7,8 @@ the same ranks run every config in turn.
 """
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -18,7 +20,8 @@ from perflab.config import RunConfig
 from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import default_backend, launch_fn
 from perflab.distributed.worker import ddp_worker, total_steps
-from perflab.result import RunResult
+from perflab.result import RunResult, default_results_dir
+from perflab.storage import check_writable, write_atomic
 from perflab.timing import Stopwatch
 
 __all__ = ["launch", "launch_sweep", "sweep_worker"]
@@ -57,11 +60,17 @@ def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float
 
 
 def sweep_worker(configs: Sequence[RunConfig], progress: bool = False,
-                 progress_file: str | None = None) -> list[RunResult]:
-    """On one rank: :func:`ddp_worker` for each config in turn (same processes)."""
+                 progress_file: str | None = None,
+                 results_dir: str | None = None) -> list[RunResult]:
+    """On one rank: :func:`ddp_worker` for each config in turn (same processes).
+
+    With ``results_dir`` each rank saves each result the moment it is measured
+    (``<label>-rank<r>.json``), so a sweep stopped half-way keeps its finished points.
+    """
     out, offset = [], 0
     for c in configs:
-        out.append(ddp_worker(c, progress, progress_file, offset))
+        r = ddp_worker(c, progress, progress_file, offset)
+        out.append(r.save(results_dir) if results_dir is not None else r)
         offset += total_steps(c)
     return out
 
@@ -89,6 +98,7 @@ class _ProgressWatcher:
         self._stop.set()
         self._thread.join()
         self._bar.close()
+        shutil.rmtree(Path(self.path).parent, ignore_errors=True)
 
 
 def launch_sweep(configs: Sequence[RunConfig], world_size: int | None = None, *,
@@ -98,6 +108,9 @@ def launch_sweep(configs: Sequence[RunConfig], world_size: int | None = None, *,
 
     All configs must share ``world_size``, ``device`` and ``threads`` (one set of
     processes runs them). ``timeout_s`` covers the whole sweep.
+
+    With ``save`` every rank saves every result the moment it is measured (the folder
+    is checked writable before any process starts).
 
     Returns:
         Per config, the per-rank RunResults (``[config][rank]``); each result's
@@ -122,13 +135,18 @@ def launch_sweep(configs: Sequence[RunConfig], world_size: int | None = None, *,
     for c in configs:
         check_ddp_config(c, backend)
     first.resolved_device()  # raises for a device this machine does not have
+    if not isinstance(save, bool):
+        raise ValueError(f"save must be True or False, got {save!r}")
+    out_dir = (str(check_writable(results_dir or default_results_dir(), field="results_dir"))
+               if save else None)
     wall = Stopwatch().start()
     watcher = (_ProgressWatcher(sum(total_steps(c) for c in configs),
                                 f"{first.world_size} ranks: {first.display_label()}")
                if progress else None)
     try:
         per_rank = launch_fn(sweep_worker, first.world_size,
-                             args=(configs, False, watcher.path if watcher else None),
+                             args=(configs, False, watcher.path if watcher else None,
+                                   out_dir),
                              backend=backend, device=first.device, timeout_s=timeout_s,
                              threads_per_rank=first.threads or 1)
     finally:
@@ -136,12 +154,9 @@ def launch_sweep(configs: Sequence[RunConfig], world_size: int | None = None, *,
             watcher.close()
     busy = max(sum(r.wall_s for r in rank_results) for rank_results in per_rank)
     overhead = wall.elapsed_s - busy
-    out = []
-    for i in range(len(configs)):
-        row = []
-        for rank_results in per_rank:
-            r = rank_results[i]
+    for rank_results in per_rank:
+        for r in rank_results:
             r.extra["launch_overhead_s"] = overhead
-            row.append(r.save(results_dir) if save else r)
-        out.append(row)
-    return out
+            if r.path:  # saved by its rank already: add the overhead to the file
+                write_atomic(r.path, json.dumps(r.to_dict(), indent=1))
+    return [[rank_results[i] for rank_results in per_rank] for i in range(len(configs))]
