@@ -305,7 +305,7 @@ def _names(text: str) -> list[str]:
 
 
 #: Columns ``perflab ladder`` prints (the full table is in the report's table.csv).
-LADDER_COLUMNS = ["rung", "status", "batch_size", "step_time_ms", "samples_per_s",
+LADDER_COLUMNS = ["rung", "move", "status", "batch_size", "step_time_ms", "samples_per_s",
                   "samples_per_s_ci_low", "samples_per_s_ci_high", "speedup", "p_value",
                   "cumulative_speedup", "mfu_pct", "peak_mem_gib"]
 
@@ -313,16 +313,26 @@ LADDER_COLUMNS = ["rung", "status", "batch_size", "step_time_ms", "samples_per_s
 def cmd_ladder(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from perflab.ladder import RUNGS, climb, naive_config
+    from perflab.ladder import climb, resume_climb
+    from perflab.ladder_rungs import RUNGS, naive_config
 
-    overrides = {k: getattr(args, k) for k in ("model", "dataset", "device", "image_size",
-                                               "batch_size", "steps", "warmup_steps")
-                 if getattr(args, k) is not None}
-    config = naive_config(args.size, **overrides)  # bad size / values: before any work
-    rungs = _names(args.rungs) if args.rungs else list(RUNGS)
-    ladder = climb(config, size=args.size, rungs=rungs, skip=_names(args.skip),
-                   rounds=args.rounds, alpha=args.alpha, progress=not args.quiet,
-                   out_dir=args.out)
+    try:
+        if args.resume is not None:
+            print(f"resuming the ladder in {args.resume} with the arguments it was started "
+                  "with (its ladder.json); saved trials are replayed, not measured again")
+            ladder = resume_climb(args.resume, progress=not args.quiet)
+        else:
+            overrides = {k: getattr(args, k) for k in (
+                "model", "dataset", "device", "image_size", "batch_size", "steps",
+                "warmup_steps") if getattr(args, k) is not None}
+            config = naive_config(args.size, **overrides)  # bad values: before any work
+            rungs = _names(args.rungs) if args.rungs else list(RUNGS)
+            ladder = climb(config, size=args.size, rungs=rungs, skip=_names(args.skip),
+                           rounds=args.rounds, alpha=args.alpha, progress=not args.quiet,
+                           out_dir=args.out, search=not args.greedy,
+                           max_trials=args.max_trials)
+    except KeyboardInterrupt:  # climb printed what was saved and how to resume
+        return 130
     report = ladder.write_report()
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(ladder.table[LADDER_COLUMNS].round(3).to_string(index=False))
@@ -331,7 +341,11 @@ def cmd_ladder(args: argparse.Namespace) -> int:
         print(f"  {verdict}")
     print(f"\ncumulative speedup {ladder.cumulative_speedup:.2f}x per sample; kept: "
           f"{', '.join(ladder.kept) or 'none'}; best config: "
-          f"{ladder.best_config.display_label()}")
+          f"{ladder.best_config.display_label()}"
+          + (f" with {', '.join(ladder.best_settings)}" if ladder.best_settings else ""))
+    print(f"search: {ladder.trials} comparisons; the greedy first pass kept "
+          f"{'+'.join(ladder.greedy_on) or 'nothing'}, the search ends at "
+          f"{'+'.join(ladder.best_on) or 'nothing'}")
     print(f"report: {report}")
     return 0
 
@@ -408,12 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser(
-        "ladder", help="the optimization ladder: each fix in turn, kept if it helps",
-        description="Climb from a naive baseline through data loading, AMP, channels_last,"
-                    " torch.compile and a larger checkpointed batch; each rung measured in"
-                    " interleaved rounds against the best so far and kept only when a "
-                    "Mann-Whitney test says it is faster. Writes results/ladder/<time>/"
-                    "report.md with plots and every RunResult as JSON.")
+        "ladder", help="the optimization ladder: a measured search for the fastest config",
+        description="Search from a naive baseline over data loading, AMP, channels_last,"
+                    " torch.compile (and max-autotune, CUDA graphs, cudnn.benchmark on a "
+                    "GPU), a fused optimizer, the thread count (CPU) and a larger "
+                    "checkpointed batch: a first greedy pass, then interacting rungs "
+                    "together, dropped rungs re-tried and kept ones re-checked; each move "
+                    "measured in interleaved rounds against the best so far and kept only "
+                    "when a Mann-Whitney test says it is faster. Writes results/ladder/"
+                    "<time>/report.md with plots and every RunResult as JSON the moment it "
+                    "is measured; Ctrl-C keeps them, --resume DIR finishes the climb.")
     p.add_argument("--size", default="quick", help="tiny (CI), quick (64 px) or full")
     p.add_argument("--rungs", default=None, help="comma-separated rungs in order "
                    "(default: data_loading,amp,channels_last,compile,larger_batch)")
@@ -422,7 +440,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interleaved A/B rounds per rung (default: tiny 2, quick 4, full 3)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (0.05)")
     p.add_argument("--out", default=None, type=Path,
-                   help="output folder (default: results/ladder/<UTC time>)")
+                   help="output folder, checked writable before the first run (default: "
+                        "results/ladder/<UTC time>)")
+    p.add_argument("--resume", default=None, type=Path, metavar="DIR",
+                   help="finish an interrupted ladder in DIR (its --out) from its saved "
+                        "runs and rebuild report.md / table.csv; other flags are ignored")
+    p.add_argument("--greedy", action="store_true",
+                   help="the first pass only: each rung once, in order (no search)")
+    p.add_argument("--max-trials", type=int, default=None,
+                   help="stop the search after this many comparisons (default: no limit)")
     for flag, kind in (("model", str), ("dataset", str), ("device", str),
                        ("image-size", int), ("batch-size", int), ("steps", int),
                        ("warmup-steps", int)):

@@ -1,167 +1,56 @@
-"""The optimization ladder (Lab 08, ``perflab ladder``): each fix in turn, kept if it helps.
+"""The optimization ladder (Lab 08, ``perflab ladder``): a search for the fastest config.
 
 Starting from a naive baseline (per-sample JPEG decode in the main process, fp32, NCHW,
-eager), :func:`climb` tries one rung at a time against the best configuration so far:
+eager), :func:`climb` searches the rungs of :mod:`perflab.ladder_rungs` by local search
+(first-improvement hill climbing), every move measured against the best so far:
 
-==============  =====================================================================
-rung            what it changes (a :class:`RunConfig` built from the best so far)
-==============  =====================================================================
-data_loading    ``decoded_cache="memory"`` + ``device_prefetch=True`` (Lab 02)
-amp             ``amp="bf16"`` on a CPU / Ampere+ GPU, ``"fp16"`` + GradScaler on an
-                older GPU (Lab 03)
-channels_last   ``channels_last=True`` (NHWC memory format)
-compile         ``compile="default"`` (``torch.compile``, inductor; Lab 05)
-larger_batch    ``checkpointing="per_stage"`` and the largest batch whose memory fits in
-                what the best config needs without checkpointing (Lab 04,
-                :func:`perflab.max_batch.find_max_batch`)
-==============  =====================================================================
+1. **first pass** (the classic greedy ladder): each rung in order, added on top of the
+   best so far (a rung of a group, e.g. ``max_autotune``, replaces the group's member);
+2. **joint moves**: interacting rungs (``amp`` x ``channels_last`` x ``compile``, ...)
+   that each failed alone on the current best are tried together (pairs, then the
+   triple): bf16 may pay only in NHWC, or only once compiled;
+3. **re-tries and removals**: after a rung is kept, every dropped rung is tried again on
+   the new best, and every earlier kept rung is tried *off* (a later rung may make it
+   useless); passes repeat until one keeps nothing (or ``max_trials``).
 
-Each rung is measured with :func:`perflab.train.run_interleaved` (A B A B rounds of the
-best-so-far and the candidate, so drift hits both) and compared per sample (seconds per
-sample, so a larger batch compares fairly) with :func:`perflab.measurement.compare`
-(two-sided Mann-Whitney U, bootstrap CI of the speedup). A rung is kept only when the
-candidate is significantly faster (p < alpha and speedup > 1); otherwise the ladder says
-it did not help here, and by how much. Every RunResult is saved as JSON the moment it is
-measured, so an interrupted climb loses nothing.
+A move is measured with interleaved rounds (A B A B, so drift hits both sides) and
+compared per sample (so a larger batch compares fairly) with
+:func:`perflab.measurement.compare` (two-sided Mann-Whitney U, bootstrap CI of the
+speedup); it is kept only when the candidate is significantly faster (p < alpha and
+speedup > 1). The same pair is never measured twice. Every pooled RunResult is saved
+the moment its trial finishes (``runs/*.json``, tagged with the trial and the rungs
+that were on, rounds in ``runs/rounds/``), with ``ladder.json`` holding the climb's
+arguments, so :func:`resume_climb` replays the saved trials and measures only the rest.
+:func:`search_all` measures every combination (the exhaustive search the ladder is
+checked against in ``benchmarks/ladder_search.py``).
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
+import pandas as pd
 from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
 from perflab.ladder_report import Ladder, Rung
-from perflab.max_batch import GIB, cpu_step_bytes, find_max_batch
+from perflab.ladder_rungs import (GROUPS, INTERACTING, ROUNDS, RUNGS, SIZES, Variant, applied,
+                                  check_size, checkpointed_batch_size, make_variant,
+                                  naive_config, per_sample, rung_config, unavailable)
 from perflab.measurement import Measurement, compare
+from perflab.memory import PeakMemory
 from perflab.result import RunResult, default_results_dir
+from perflab.storage import check_writable, write_atomic
 
-__all__ = ["RUNGS", "SIZES", "ROUNDS", "naive_config", "rung_config", "checkpointed_batch_size",
-           "per_sample", "climb", "validate_climb"]
-
-#: The rungs, in the order they are climbed.
-RUNGS = ("data_loading", "amp", "channels_last", "compile", "larger_batch")
-#: Named sizes. "tiny": 32 px for CI (about a minute with the compile cache warm);
-#: "quick": 64 px, under 10 minutes on 2 CPU cores; "full": ImageNet-sized, for a GPU.
-#: warmup_steps >= 1 everywhere: torch.compile compiles in the first step.
-SIZES: dict[str, dict] = {
-    "tiny": dict(image_size=32, batch_size=8, steps=4, warmup_steps=1),
-    "quick": dict(image_size=64, batch_size=32, steps=6, warmup_steps=2),
-    "full": dict(image_size=224, batch_size=128, steps=30, warmup_steps=5),
-}
-#: Interleaved rounds per rung when ``climb(rounds=None)``: more, shorter rounds spread
-#: a burst of load from other programs over both sides of a comparison.
-ROUNDS = {"tiny": 2, "quick": 4, "full": 3}
-#: The larger_batch rung tries batches up to this multiple of the current one.
-MAX_BATCH_FACTOR = 4
+__all__ = ["climb", "resume_climb", "search_all", "validate_climb"]
 
 RunFn = Callable[..., list[RunResult]]
-
-
-def _check_size(size: str) -> None:
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-
-
-def naive_config(size: str = "quick", **overrides) -> RunConfig:
-    """The naive baseline at a named size: per-sample JPEG decode with no workers, fp32,
-    NCHW, eager (RunConfig's defaults), with ``SIZES[size]`` and ``overrides`` applied.
-
-    Raises:
-        ValueError: unknown size, or a value RunConfig rejects.
-    """
-    _check_size(size)
-    return RunConfig(**{**SIZES[size], "label": "", **overrides})
-
-
-def _amp_mode(config: RunConfig) -> str | None:
-    """bf16 on a CPU or a bf16-capable GPU, fp16 (+GradScaler) on an older GPU, None on
-    MPS (perflab runs no bf16 autocast there)."""
-    dev = config.resolved_device()
-    if dev.type == "mps":
-        return None
-    if dev.type == "cuda":
-        import torch
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16"
-
-
-def rung_config(rung: str, best: RunConfig, *, batch_size: int | None = None
-                ) -> RunConfig | str:
-    """The candidate config of ``rung``: ``best`` with that rung's fix applied, or a
-    string saying why the rung does not apply (already on, not supported here).
-
-    Args:
-        rung: one of :data:`RUNGS`.
-        best: the best config so far.
-        batch_size: for ``larger_batch``: the batch size to use (see
-            :func:`checkpointed_batch_size`); None keeps ``best.batch_size``.
-
-    Raises:
-        ValueError: unknown rung name (naming the valid ones).
-    """
-    if rung not in RUNGS:
-        raise ValueError(f"unknown rung {rung!r}; choose from {RUNGS}")
-    if rung == "data_loading":
-        if best.decoded_cache != "off" or best.compute_only:
-            return "the decoded cache is already on"
-        return best.replace(decoded_cache="memory", device_prefetch=True)
-    if rung == "amp":
-        mode = _amp_mode(best)
-        if best.amp != "off":
-            return f"amp={best.amp!r} is already on"
-        return f"no autocast mode on {best.resolved_device().type}" if mode is None \
-            else best.replace(amp=mode)
-    if rung == "channels_last":
-        return "channels_last is already on" if best.channels_last \
-            else best.replace(channels_last=True)
-    if rung == "compile":
-        return f"compile={best.compile!r} is already on" if best.compile != "off" \
-            else best.replace(compile="default")
-    if best.model != "resnet18":
-        return f"model={best.model!r} has no stages to checkpoint"
-    if best.checkpointing != "none":
-        return "checkpointing is already on"
-    return best.replace(checkpointing="per_stage",
-                        batch_size=best.batch_size if batch_size is None else batch_size)
-
-
-def checkpointed_batch_size(best: RunConfig, best_result: RunResult | None = None, *,
-                            limit: int | None = None) -> tuple[int, str]:
-    """The largest batch that fits, with per-stage checkpointing, in the memory ``best``
-    needs without it (Chen et al. 2016; Lab 04), via
-    :func:`perflab.max_batch.find_max_batch`.
-
-    The budget: on CUDA the measured peak of ``best_result`` (allocated bytes); on a
-    CPU the bytes :func:`perflab.max_batch.cpu_step_bytes` measures for ``best`` at its
-    batch size (model state + saved activations). Batches of 16 or more are rounded down
-    to a multiple of 8 (tensor-core friendly shapes).
-
-    Returns:
-        (batch_size, how it was found, in words).
-    """
-    limit = limit or MAX_BATCH_FACTOR * best.batch_size
-    plain = best.replace(checkpointing="none", compile="off")
-    if best.resolved_device().type == "cuda" and best_result is not None:
-        budget = best_result.peak_memory.peak_bytes
-    else:
-        budget = sum(cpu_step_bytes(plain)(best.batch_size).values())
-    found = find_max_batch(plain.replace(checkpointing="per_stage"),
-                           budget_gib=budget / GIB, limit=limit)
-    n = found.batch_size
-    n = n // 8 * 8 if n >= 16 else n
-    return n, (f"batch {n} with per-stage checkpointing fits the {budget / 2**20:,.0f} MiB "
-               f"batch {best.batch_size} needs without it ({found.method}"
-               + ("; search limit reached" if found.hit_limit else "") + ")")
-
-
-def per_sample(m: Measurement, batch_size: int, label: str) -> Measurement:
-    """Seconds per sample (each step time / batch_size), so different batches compare."""
-    return Measurement(label=label, times_s=tuple(t / batch_size for t in m.times_s),
-                       warmup_s=tuple(t / batch_size for t in m.warmup_s),
-                       samples_per_step=1)
+_STATE = "ladder.json"
 
 
 def validate_climb(rungs: Sequence[str], skip: Sequence[str], rounds: int, alpha: float) -> None:
@@ -186,82 +75,316 @@ def validate_climb(rungs: Sequence[str], skip: Sequence[str], rounds: int, alpha
         raise ValueError(f"alpha must be in (0, 1), e.g. 0.05, got {alpha!r}")
 
 
+def _pool(results: list[RunResult]) -> RunResult:
+    """Rounds of one variant as one result (every round's measured steps). Written here
+    rather than calling run_interleaved with every variant because a variant's settings
+    (cudnn.benchmark, the fused optimizer) must be applied around its own rounds only."""
+    first = results[0]
+    phases = {n: Measurement(m.label, sum((r.phases[n].times_s for r in results), ()),
+                             sum((r.phases[n].warmup_s for r in results), ()),
+                             m.samples_per_step) for n, m in first.phases.items()}
+    peak = max((r.peak_memory for r in results), key=lambda p: p.peak_bytes)
+    return RunResult(config=first.config, phases=phases, losses=first.losses,
+                     peak_memory=PeakMemory(peak.peak_bytes, peak.kind),
+                     env=dict(first.env, rounds=len(results)), num_classes=first.num_classes,
+                     wall_s=sum(r.wall_s for r in results), extra=dict(first.extra))
+
+
+class _Trials:
+    """Measures variants in interleaved rounds, saves each result as it is measured and
+    replays the trials a resumed climb finds saved (same index and variants)."""
+
+    def __init__(self, run_fn: RunFn, rounds: int, progress: bool, out: Path | None,
+                 saved: dict[int, dict[str, RunResult]] | None = None):
+        self.run_fn, self.rounds, self.progress, self.out = run_fn, rounds, progress, out
+        self.saved, self.count, self.replayed, self.paths = saved or {}, 0, 0, []
+
+    def measure(self, variants: Sequence[Variant]) -> list[RunResult]:
+        index, self.count = self.count, self.count + 1
+        old = self.saved.get(index, {})
+        if all(v.key in old for v in variants):
+            self.replayed += 1
+            return [old[v.key] for v in variants]
+        per: list[list[RunResult]] = [[] for _ in variants]
+        for _ in range(self.rounds):
+            for j, v in enumerate(variants):
+                with applied(v.settings):
+                    (r,) = self.run_fn([v.config], rounds=1, progress=self.progress)
+                per[j].append(r.save(self.out / "runs" / "rounds") if self.out else r)
+        pooled = []
+        for j, v in enumerate(variants):
+            r = _pool(per[j])
+            tag = dict(trial=index, key=v.key, on=list(v.on), settings=list(v.settings),
+                       role="incumbent" if j == 0 and len(variants) == 2 else "candidate")
+            r = dataclasses.replace(r, extra={**r.extra, "ladder": tag})
+            if self.out:
+                r = r.save(self.out / "runs")
+                self.paths.append(r.path)
+            pooled.append(r)
+        return pooled
+
+
+def _load_saved(out: Path) -> dict[int, dict[str, RunResult]]:
+    saved: dict[int, dict[str, RunResult]] = {}
+    for path in sorted((out / "runs").glob("*.json")):
+        r = RunResult.load(path)
+        tag = r.extra.get("ladder")
+        if tag:
+            saved.setdefault(int(tag["trial"]), {})[tag["key"]] = r
+    return saved
+
+
+def _change(a: RunConfig, b: RunConfig, settings: Sequence[str]) -> str:
+    parts = [f"{k}={v!r}" for k, v in b.to_dict().items()
+             if k != "label" and v != getattr(a, k)]
+    return ", ".join(parts + [f"{s}=True" for s in settings])
+
+
 def climb(config: RunConfig | None = None, *, size: str = "quick",
           rungs: Sequence[str] = RUNGS, skip: Sequence[str] = (), rounds: int | None = None,
           alpha: float = 0.05, progress: bool = True, out_dir: str | Path | None = None,
-          save: bool = True, run_fn: RunFn | None = None) -> Ladder:
-    """Climb the ladder from ``config`` (default ``naive_config(size)``).
+          save: bool = True, run_fn: RunFn | None = None, search: bool = True,
+          max_trials: int | None = None, _saved: dict | None = None) -> Ladder:
+    """Search the ladder from ``config`` (default ``naive_config(size)``); see the module
+    docstring for the moves.
 
     Args:
         config: the baseline; None -> ``naive_config(size)``.
-        size: a key of :data:`SIZES` (used when ``config`` is None).
-        rungs: the rungs to try, in order (names from :data:`RUNGS`, any order).
+        size: a key of :data:`SIZES` (used when ``config`` is None, and for ``rounds``).
+        rungs: the rungs to try, in first-pass order (names from :data:`RUNGS`).
         skip: rungs to leave out (listed as skipped in the table).
-        rounds: interleaved A/B rounds per rung (>= 1; each round is a full run);
-            None -> ``ROUNDS[size]``.
+        rounds: interleaved rounds per comparison (>= 1); None -> ``ROUNDS[size]``.
         alpha: significance level of the keep decision, in (0, 1).
-        progress: a tqdm bar over the rungs (and each run's step bar).
-        out_dir: folder for the RunResult JSONs (``runs/``) and the report; None ->
-            ``<results>/ladder/<UTC timestamp>``.
-        save: write each rung's RunResults as soon as they are measured.
-        run_fn: ``run_fn(configs, rounds=..., progress=...) -> [RunResult, ...]``;
-            default :func:`perflab.train.run_interleaved` (tests pass a fake).
+        progress: a tqdm bar over the trials (and each run's step bar).
+        out_dir: folder for ``runs/*.json``, ``ladder.json`` and the report; None ->
+            ``<results>/ladder/<UTC timestamp>``. Checked writable before any run.
+        save: write every result as soon as it is measured.
+        run_fn: ``run_fn([config], rounds=1, progress=...) -> [RunResult]``; default
+            :func:`perflab.train.run_interleaved` without saving (tests pass a fake).
+        search: False: the first pass only (the greedy ladder).
+        max_trials: stop searching after this many comparisons (None: no limit).
 
     Returns:
         A :class:`Ladder` (its ``write_report()`` writes report.md and the plots).
 
     Raises:
-        ValueError: unknown rung or size, rounds < 1, alpha outside (0, 1), or a
-            config RunConfig rejects -- all before any measurement.
+        ValueError: unknown rung or size, rounds < 1, alpha outside (0, 1), a config
+            RunConfig rejects, or an ``out_dir`` that cannot be written -- all before any
+            measurement.
+        KeyboardInterrupt: after printing what was saved and how to resume.
     """
-    _check_size(size)
+    check_size(size)
     rounds = ROUNDS[size] if rounds is None else rounds
     validate_climb(rungs, skip, rounds, alpha)
+    if max_trials is not None and (isinstance(max_trials, bool) or not isinstance(
+            max_trials, int) or max_trials < 1):
+        raise ValueError(f"max_trials must be None or an int >= 1, got {max_trials!r}")
     if config is None:
         config = naive_config(size)
     elif not isinstance(config, RunConfig):
         raise ValueError(f"config must be a RunConfig or None, got {type(config).__name__}")
+    out = None
+    if save:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out = check_writable(Path(out_dir) if out_dir else default_results_dir() / "ladder"
+                             / stamp, field="out_dir")
+        state = dict(config=config.to_dict(), size=size, rungs=list(rungs), skip=list(skip),
+                     rounds=rounds, alpha=alpha, search=search, max_trials=max_trials)
+        write_atomic(out / _STATE, json.dumps(state, indent=1))
     if run_fn is None:
-        from perflab.train import run_interleaved as run_fn
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(out_dir) if out_dir else default_results_dir() / "ladder" / stamp
-    best = config.replace(label="baseline")
-    best_result: RunResult | None = None
-    done: list[Rung] = []
-    skipped: dict[str, str] = {r: "skipped on request" for r in rungs if r in skip}
-    todo = [r for r in rungs if r not in skip]
-    bar = tqdm(todo, desc="ladder", unit="rung", disable=not progress)
-    baseline: RunResult | None = None
-    for name in bar:
-        bar.set_postfix_str(name)
-        batch, how = None, ""
-        if name == "larger_batch" and best.model == "resnet18" and best.checkpointing == "none":
-            batch, how = checkpointed_batch_size(best, best_result)
-            if batch <= best.batch_size:
-                skipped[name] = f"checkpointing frees no room for a larger batch: {how}"
-                continue
-        cand = rung_config(name, best, batch_size=batch)
+        from perflab.train import run_interleaved
+        run_fn = partial(run_interleaved, save=False)
+    trials = _Trials(run_fn, rounds, progress, out, _saved)
+    skipped = {r: "skipped on request" for r in rungs if r in skip}
+    for r in rungs:
+        why = None if r in skip else unavailable(r, config)
+        if why:
+            skipped[r] = why
+    todo = [r for r in rungs if r not in skipped]
+    s = _Search(config, todo, trials, alpha, progress, max_trials)
+    try:
+        s.run(search)
+    except KeyboardInterrupt:
+        saved = len(trials.paths)
+        where = (f"{saved} result(s) of {len(s.done)} finished trial(s) saved in "
+                 f"{out / 'runs'}; finish it with `perflab ladder --resume {out}`"
+                 if out else "nothing saved (save=False)")
+        print(f"\nladder interrupted: {where}")
+        raise
+    finally:
+        s.bar.close()
+    skipped.update(s.skipped)
+    best = s.variant(s.on)
+    return Ladder(baseline=s.baseline, rungs=s.done, best_config=best.config.replace(label=""),
+                  skipped=skipped, out_dir=out, order=list(rungs), best_on=tuple(best.on),
+                  greedy_on=s.greedy_on, best_settings=best.settings)
+
+
+class _Search:
+    """The moves of :func:`climb` over a set of rungs that are on."""
+
+    def __init__(self, base: RunConfig, todo: list[str], trials: _Trials, alpha: float,
+                 progress: bool, max_trials: int | None):
+        self.base, self.todo, self.trials, self.alpha = base, todo, trials, alpha
+        self.max_trials = max_trials
+        self.on: frozenset[str] = frozenset()
+        self.done: list[Rung] = []
+        self.skipped: dict[str, str] = {}
+        self.tested: set[tuple[frozenset, frozenset]] = set()
+        self.failed_at: dict[frozenset, set[str]] = {}  # on -> rungs that failed alone
+        self.kept_at: dict[str, int] = {}  # rung -> trial it was (last) kept in
+        self.baseline: RunResult | None = None
+        self.greedy_on: tuple[str, ...] = ()
+        self.big_batch: int | None = None
+        self.best_result: RunResult | None = None
+        self.bar = tqdm(desc="ladder", unit="trial", disable=not progress)
+
+    def variant(self, on) -> Variant:
+        v = make_variant(self.base, on, big_batch=self.big_batch)
+        assert not isinstance(v, str), v  # moves only build variants that exist
+        return v
+
+    def _add(self, rung: str) -> frozenset:
+        group = next((g for g in GROUPS.values() if rung in g), (rung,))
+        return frozenset(self.on - set(group)) | {rung}
+
+    def _full(self) -> bool:
+        return self.max_trials is not None and len(self.done) >= self.max_trials
+
+    def try_move(self, cand_on: frozenset, name: str, move: str) -> bool:
+        if self._full() or (self.on, cand_on) in self.tested or cand_on == self.on:
+            return False
+        if "larger_batch" in cand_on and self.big_batch is None:
+            self.big_batch, self.batch_note = checkpointed_batch_size(
+                self.variant(self.on).config, self.best_result)
+            if self.big_batch <= self.base.batch_size:
+                self.skipped["larger_batch"] = ("checkpointing frees no room for a larger "
+                                                f"batch: {self.batch_note}")
+                self.todo.remove("larger_batch")
+                return False
+        cand = make_variant(self.base, cand_on, big_batch=self.big_batch)
         if isinstance(cand, str):
-            skipped[name] = cand
-            continue
-        cand = cand.replace(label=f"{len(done) + 1} +{name}")
-        inc, new = run_fn([best, cand], rounds=rounds, progress=progress)
-        if save:
-            inc, new = inc.save(out / "runs"), new.save(out / "runs")
-        baseline = baseline or inc
-        cmp = compare(per_sample(inc.step, best.batch_size, best.display_label()),
-                      per_sample(new.step, cand.batch_size, cand.display_label()),
-                      alpha=alpha)
+            self.skipped.setdefault(name, cand)
+            return False
+        inc = self.variant(self.on)
+        self.tested.add((self.on, cand_on))
+        self.bar.set_postfix_str(name)
+        a, b = self.trials.measure([inc, cand])
+        self.bar.update()
+        self.baseline = self.baseline or a
+        cmp = compare(per_sample(a.step, inc.config.batch_size, inc.key),
+                      per_sample(b.step, cand.config.batch_size, cand.key), alpha=self.alpha)
         kept = cmp.significant and cmp.speedup > 1
-        change = ", ".join(f"{k}={v!r}" for k, v in cand.to_dict().items()
-                           if k != "label" and v != getattr(best, k))
-        note = how if name == "larger_batch" else ""
-        done.append(Rung(name, change, inc, new, cmp, kept, note))
+        note = self.batch_note if "larger_batch" in cand_on - self.on else ""
+        self.done.append(Rung(name, _change(inc.config, cand.config, [
+            s for s in cand.settings if s not in inc.settings]), a, b, cmp, kept, note,
+            move=move, on=cand.on))
         if kept:
-            best, best_result = cand, new
+            for r in cand_on - self.on:
+                self.kept_at[r] = len(self.done)
+            self.on, self.best_result = cand_on, b
         else:
-            best_result = inc
-    bar.close()
-    best = best.replace(label="")  # display_label() then names every kept fix
-    return Ladder(baseline=baseline, rungs=done, best_config=best,
-                  skipped=skipped, out_dir=out if save else None, order=list(rungs))
+            self.best_result = a
+            if move in ("add", "retry"):
+                self.failed_at.setdefault(self.on, set()).add(name)
+        return kept
+
+    def run(self, search: bool) -> None:
+        self.batch_note = ""
+        for rung in list(self.todo):
+            if rung in self.todo:
+                self.try_move(self._add(rung), rung, "add")
+        self.greedy_on = tuple(r for r in RUNGS if r in self.on)
+        if not search:
+            return
+        for _ in range(len(self.todo) + 1):  # each changing pass keeps a move; bounded
+            changed = self._joint()
+            for rung in [r for r in self.todo if r not in self.on]:
+                changed |= self.try_move(self._add(rung), rung, "retry")
+            changed |= self._joint()
+            last = max(self.kept_at.values(), default=0)
+            for rung in [r for r in RUNGS if r in self.on and self.kept_at.get(r, 0) < last]:
+                changed |= self.try_move(self.on - {rung}, f"-{rung}", "remove")
+            if not changed or self._full():
+                return
+
+    def _joint(self) -> bool:
+        """Try interacting rungs that each failed alone on the current best, together."""
+        failed = sorted((self.failed_at.get(self.on, set()) & set(INTERACTING))
+                        - self.on, key=RUNGS.index)
+        for k in (2, 3):
+            for combo in itertools.combinations(failed, k):
+                if any(len(set(combo) & set(g)) > 1 for g in GROUPS.values()):
+                    continue
+                cand = frozenset(self.on) | set(combo)
+                if self.try_move(cand, "+".join(combo), "joint"):
+                    return True
+        return False
+
+
+def resume_climb(out_dir: str | Path, *, progress: bool = True,
+                 run_fn: RunFn | None = None) -> Ladder:
+    """Finish an interrupted climb in ``out_dir``: replay its saved trials
+    (``runs/*.json``) through the same search and measure only what is missing, with
+    the arguments in its ``ladder.json``. A finished climb is replayed without any
+    measurement (use it to rebuild report.md / table.csv).
+
+    Raises:
+        ValueError: ``out_dir`` holds no ``ladder.json`` (not a ladder folder).
+    """
+    out = Path(out_dir)
+    if not (out / _STATE).is_file():
+        raise ValueError(f"{str(out)!r} holds no {_STATE}: not a folder written by "
+                         "`perflab ladder` (or climb(save=True)); pass the ladder's --out")
+    state = json.loads((out / _STATE).read_text())
+    return climb(RunConfig.from_dict(state["config"]), size=state["size"],
+                 rungs=state["rungs"], skip=state["skip"], rounds=state["rounds"],
+                 alpha=state["alpha"], search=state["search"],
+                 max_trials=state["max_trials"], progress=progress, out_dir=out,
+                 run_fn=run_fn, _saved=_load_saved(out))
+
+
+def search_all(config: RunConfig | None = None, *, size: str = "tiny",
+               rungs: Sequence[str] = ("data_loading", "amp", "channels_last", "compile"),
+               rounds: int = 3, progress: bool = True, run_fn: RunFn | None = None
+               ) -> pd.DataFrame:
+    """Measure EVERY combination of ``rungs`` (that can run here), interleaved: each
+    round runs every combination once, so drift hits all alike.
+
+    Returns:
+        One row per combination, fastest first: ``key`` (rungs joined by "+"),
+        ``on`` (tuple), ``batch_size``, ``ms_per_sample`` (median),
+        ``ms_per_sample_ci_low`` / ``_high`` (95 % CI of the median), ``samples_per_s``,
+        ``result`` (the pooled RunResult).
+
+    Raises:
+        ValueError: unknown rung or size, rounds < 1.
+    """
+    check_size(size)
+    validate_climb(rungs, (), rounds, 0.05)
+    config = naive_config(size) if config is None else config
+    if run_fn is None:
+        from perflab.train import run_interleaved
+        run_fn = partial(run_interleaved, save=False)
+    usable = [r for r in rungs if unavailable(r, config) is None]
+    variants = {}
+    for k in range(len(usable) + 1):
+        for combo in itertools.combinations(usable, k):
+            big = checkpointed_batch_size(config)[0] if "larger_batch" in combo else None
+            try:
+                v = make_variant(config, combo, big_batch=big)
+            except ValueError:  # two of one group
+                continue
+            if not isinstance(v, str):
+                variants[v.key] = v
+    trials = _Trials(run_fn, rounds, progress, None)
+    results = trials.measure(list(variants.values()))
+    rows = []
+    for v, r in zip(variants.values(), results):
+        m = per_sample(r.step, v.config.batch_size, v.key)
+        lo, hi = m.ci95_median
+        rows.append(dict(key=v.key, on=v.on, batch_size=v.config.batch_size,
+                         ms_per_sample=m.median * 1e3, ms_per_sample_ci_low=lo * 1e3,
+                         ms_per_sample_ci_high=hi * 1e3, samples_per_s=1 / m.median,
+                         result=r))
+    return pd.DataFrame(rows).sort_values("ms_per_sample", ignore_index=True)

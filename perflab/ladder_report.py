@@ -26,19 +26,20 @@ from perflab.result import RunResult
 __all__ = ["Rung", "Ladder", "TABLE_COLUMNS"]
 
 #: Columns of :attr:`Ladder.table`, in order.
-TABLE_COLUMNS = ("rung", "status", "change", "batch_size", "step_time_ms", "samples_per_s",
+TABLE_COLUMNS = ("rung", "move", "status", "change", "batch_size", "step_time_ms", "samples_per_s",
                  "samples_per_s_ci_low", "samples_per_s_ci_high", "speedup",
                  "speedup_ci_low", "speedup_ci_high", "p_value", "cumulative_speedup",
-                 "mfu_pct", "peak_mem_gib", "verdict")
+                 "mfu_pct", "mfu_peak", "peak_mem_gib", "verdict")
 _KEPT, _DROPPED = "#009E73", "#B0B0B0"  # Okabe-Ito green, grey (as perflab.plots)
 
 
 @dataclass(frozen=True)
 class Rung:
-    """One measured rung.
+    """One measured move of the search (a trial).
 
     Attributes:
-        name: the rung (one of :data:`perflab.ladder.RUNGS`).
+        name: the rung (one of :data:`perflab.ladder.RUNGS`), rungs joined by "+" for a
+            joint move, "-rung" for a removal.
         change: what the rung changed, e.g. ``"amp='bf16'"``.
         incumbent: the best-so-far config's RunResult, measured in the same interleaved
             rounds as the candidate.
@@ -46,6 +47,9 @@ class Rung:
         comparison: per-sample time, incumbent vs candidate (speedup > 1: faster).
         kept: True when the candidate is significantly faster (it became the best).
         note: how a larger batch was chosen, in words ("" otherwise).
+        move: "add" (first pass), "retry" (a dropped rung on a newer best), "joint"
+            (interacting rungs together) or "remove" (a kept rung switched off).
+        on: the rungs on in the candidate, in :data:`perflab.ladder.RUNGS` order.
     """
 
     name: str
@@ -55,26 +59,33 @@ class Rung:
     comparison: Comparison
     kept: bool
     note: str = ""
+    move: str = "add"
+    on: tuple[str, ...] = ()
 
 
-def _mfu(result: RunResult) -> float:
-    """MFU in % (NaN when the peak is unavailable); see :func:`perflab.flops.utilization`."""
+def _mfu(result: RunResult) -> tuple[float, str]:
+    """MFU in % against the peak of the run's own dtype (NaN when the peak is
+    unavailable) and that peak with its source, e.g. "bf16 1.1 GFLOP/s, measured: ...";
+    see :func:`perflab.flops.utilization`."""
     u = utilization(result)
-    return math.nan if u.mfu_pct is None else u.mfu_pct
+    p = u.peak
+    value = "unavailable" if p.flops_per_s is None else f"{p.flops_per_s / 1e9:,.4g} GFLOP/s"
+    return (math.nan if u.mfu_pct is None else u.mfu_pct), f"{p.dtype} {value}, {p.source}"
 
 
 def _row(rung: str, status: str, change: str, r: RunResult | None, c: Comparison | None,
-         cumulative: float, verdict: str, mfu: bool) -> dict[str, Any]:
+         cumulative: float, verdict: str, mfu: bool, move: str = "") -> dict[str, Any]:
     nan = math.nan
     row = dict.fromkeys(TABLE_COLUMNS, nan)
-    row.update(rung=rung, status=status, change=change, cumulative_speedup=cumulative,
-               verdict=verdict)
+    row.update(rung=rung, move=move, status=status, change=change,
+               cumulative_speedup=cumulative, verdict=verdict, mfu_peak="")
     if r is not None:
         lo, hi = r.samples_per_s_ci95
+        pct, peak = _mfu(r) if mfu else (nan, "")
         row.update(batch_size=r.config.batch_size, step_time_ms=r.step.median * 1e3,
                    samples_per_s=r.samples_per_s, samples_per_s_ci_low=lo,
                    samples_per_s_ci_high=hi, peak_mem_gib=r.peak_mem_gib,
-                   mfu_pct=_mfu(r) if mfu else nan)
+                   mfu_pct=pct, mfu_peak=peak)
     if c is not None:
         row.update(speedup=c.speedup, speedup_ci_low=c.ci95[0], speedup_ci_high=c.ci95[1],
                    p_value=c.p_value)
@@ -89,34 +100,50 @@ class Ladder:
     """The outcome of :func:`perflab.ladder.climb`.
 
     Attributes:
-        baseline: the naive baseline's RunResult (measured in the first rung), or None
-            when no rung was measured.
-        rungs: the measured :class:`Rung` objects, in order.
-        best_config: the config with every kept fix.
+        baseline: the naive baseline's RunResult (measured in the first trial), or None
+            when nothing was measured.
+        rungs: the measured moves (:class:`Rung`), in the order they were tried.
+        best_config: the config with every kept fix (settings outside RunConfig, such
+            as the fused optimizer, are in ``best_on`` / ``best_settings``).
         skipped: rung name -> why it was not measured.
         out_dir: where the RunResults were saved and the report goes (None: not saved).
         order: the rung names as requested (skipped ones included).
+        best_on: the rungs on in the best config.
+        greedy_on: the rungs on after the first pass (what a greedy ladder keeps).
+        best_settings: the rungs of ``best_on`` applied around the run, not in RunConfig.
     """
 
     def __init__(self, *, baseline: RunResult | None, rungs: Sequence[Rung], best_config,
-                 skipped: dict[str, str], out_dir: Path | None, order: Sequence[str]):
+                 skipped: dict[str, str], out_dir: Path | None, order: Sequence[str],
+                 best_on: Sequence[str] | None = None, greedy_on: Sequence[str] | None = None,
+                 best_settings: Sequence[str] = ()):
         self.baseline, self.rungs, self.best_config = baseline, list(rungs), best_config
         self.skipped, self.out_dir, self.order = dict(skipped), out_dir, list(order)
+        kept = [n for r in self.rungs if r.kept for n in r.on]
+        self.best_on = tuple(best_on if best_on is not None else dict.fromkeys(kept))
+        self.greedy_on = tuple(greedy_on if greedy_on is not None else self.best_on)
+        self.best_settings = tuple(best_settings)
         self._tables: dict[bool, pd.DataFrame] = {}
 
     @property
     def kept(self) -> list[str]:
-        """Rungs that were significantly faster and kept."""
+        """Moves that were significantly faster and kept, in order (a rung name, rungs
+        joined by "+" for a joint move, "-rung" for a removal)."""
         return [r.name for r in self.rungs if r.kept]
 
     @property
     def dropped(self) -> list[str]:
-        """Rungs that were measured and did not help here (not significant, or slower)."""
+        """Moves that were measured and did not help here (not significant, or slower)."""
         return [r.name for r in self.rungs if not r.kept]
 
     @property
+    def trials(self) -> int:
+        """Comparisons measured (each: interleaved rounds of incumbent and candidate)."""
+        return len(self.rungs)
+
+    @property
     def cumulative_speedup(self) -> float:
-        """Product of the kept rungs' speedups (each measured side by side, per sample)."""
+        """Product of the kept moves' speedups (each measured side by side, per sample)."""
         return math.prod(r.comparison.speedup for r in self.rungs if r.kept)
 
     def table_with(self, *, mfu: bool = True) -> pd.DataFrame:
@@ -126,31 +153,34 @@ class Ladder:
             if self.baseline is not None:
                 rows.append(_row("baseline", "baseline", "naive", self.baseline, None, 1.0,
                                  "baseline", mfu))
-            cum, by_name = 1.0, {r.name: r for r in self.rungs}
+            cum = 1.0
+            for r in self.rungs:
+                c = r.comparison
+                cum *= c.speedup if r.kept else 1.0
+                word = "kept" if r.kept else "dropped"
+                miss = ("; did not help on this hardware" if r.move != "remove" else
+                        f"; {r.name[1:]} stays on (not faster without it)")
+                verdict = (f"{word}: {c.speedup:.2f}x per sample (95 % CI {c.ci95[0]:.2f}-"
+                           f"{c.ci95[1]:.2f}x), p = {c.p_value:.3g}"
+                           + ("" if r.kept else miss)
+                           + ("; noisy (IQR > 10 % of the median: other programs "
+                              "competed for the cores?)" if _noisy(r) else ""))
+                rows.append(_row(r.name, word, r.change, r.candidate, c, cum, verdict, mfu,
+                                 r.move))
             for name in self.order:
                 if name in self.skipped:
                     rows.append(_row(name, "skipped", "", None, None, cum,
                                      f"skipped: {self.skipped[name]}", mfu))
-                    continue
-                r = by_name[name]
-                c = r.comparison
-                cum *= c.speedup if r.kept else 1.0
-                word = "kept" if r.kept else "dropped"
-                verdict = (f"{word}: {c.speedup:.2f}x per sample (95 % CI {c.ci95[0]:.2f}-"
-                           f"{c.ci95[1]:.2f}x), p = {c.p_value:.3g}"
-                           + ("" if r.kept else "; did not help on this hardware")
-                           + ("; noisy (IQR > 10 % of the median: other programs "
-                              "competed for the cores?)" if _noisy(r) else ""))
-                rows.append(_row(name, word, r.change, r.candidate, c, cum, verdict, mfu))
             self._tables[mfu] = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
         return self._tables[mfu].copy()
 
     @property
     def table(self) -> pd.DataFrame:
-        """One row per rung (baseline first, skipped rungs included); columns
-        :data:`TABLE_COLUMNS`. ``speedup`` is candidate vs the best so far, per sample;
-        ``cumulative_speedup`` the product of kept speedups up to that row; ``mfu_pct``
-        from :func:`perflab.flops.utilization` (NaN = peak unavailable)."""
+        """One row per measured move, in order (baseline first, skipped rungs last);
+        columns :data:`TABLE_COLUMNS`. ``speedup`` is candidate vs the best so far, per
+        sample; ``cumulative_speedup`` the product of kept speedups up to that row;
+        ``mfu_pct`` from :func:`perflab.flops.utilization` against the peak of the run's
+        own dtype, ``mfu_peak`` that peak and its source (datasheet or measured)."""
         return self.table_with(mfu=True)
 
     def __repr__(self) -> str:
@@ -228,7 +258,14 @@ class Ladder:
                  f"Cumulative speedup: **{self.cumulative_speedup:.2f}x** per sample "
                  f"(product of the kept rungs' side-by-side speedups).", "",
                  f"Kept: {', '.join(self.kept) or 'none'}. Best config: "
-                 f"`{self.best_config.display_label()}`.", ""]
+                 f"`{self.best_config.display_label()}`"
+                 + (f" with {', '.join(self.best_settings)}" if self.best_settings else "")
+                 + ".", "",
+                 f"Search: {self.trials} comparisons (first pass, then joint moves of "
+                 "interacting rungs, re-tries of dropped rungs and removals of kept ones"
+                 f"). The first, greedy pass alone kept "
+                 f"`{'+'.join(self.greedy_on) or 'nothing'}`; the search ends at "
+                 f"`{'+'.join(self.best_on) or 'nothing'}`.", ""]
         for r in self.rungs:
             if not r.kept:
                 c = r.comparison
@@ -245,10 +282,25 @@ class Ladder:
                   "![cumulative speedup](waterfall.png)", ""]
         if self.baseline is not None:
             lines += ["![phases per rung](phases.png)", ""]
+        lines += _hardware_lines(device, self)
         lines += ["## Environment", "", "```", str(env_summary(device)), "```", ""]
         path = out / "report.md"
         path.write_text("\n".join(lines))
         return path
+
+
+def _hardware_lines(device: str, ladder: "Ladder") -> list[str]:
+    """The measured roofline, and what it says about the amp rung's verdict."""
+    from perflab.roofline import measure_roofline
+
+    roof = measure_roofline(device)
+    lines = ["## Why, from this machine's roofline", "", "```", repr(roof), "```", ""]
+    amp = [r for r in ladder.rungs if "amp" in r.name.split("+")]
+    if ladder.baseline is not None and amp:
+        dtype = amp[0].candidate.config.amp
+        word = "kept" if any(r.kept for r in amp) else "dropped"
+        lines += [f"amp was {word}: {roof.explain(dtype)}.", ""]
+    return lines
 
 
 def _markdown(df: pd.DataFrame) -> str:

@@ -14,8 +14,9 @@ from typing import Any, Sequence
 
 from perflab.config import RunConfig
 from perflab.figures import figure_to_png
-from perflab.ladder import RUNGS, climb, naive_config, validate_climb
+from perflab.ladder import climb, validate_climb
 from perflab.ladder_report import Ladder
+from perflab.ladder_rungs import RUNGS, naive_config, unavailable
 from perflab.link import SimulatedLink
 from perflab.overlap import run_ddp
 from perflab.result import RunResult
@@ -69,8 +70,10 @@ def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1g
 def ladder_panel(config=None, *, size: str = "tiny", rungs: Sequence[str] | None = None,
                  rounds: int = 1, progress: bool = True, title: str | None = None):
     """The Lab 08 panel: a checkbox per rung, a Run button (class ``perflab-run``) in a
-    ``.perflab-panel``; Run climbs the ticked rungs and shows the waterfall as an
-    ``img.perflab-plot`` with the table below. Errors show in the panel.
+    ``.perflab-panel``; Run searches the ticked rungs (:func:`perflab.ladder.climb`) and
+    shows the waterfall as an ``img.perflab-plot`` with the table below. A rung this
+    device cannot run is shown disabled, its reason as the tooltip. Errors show in the
+    panel.
 
     Args:
         config, size, rounds, progress: as :func:`perflab.ladder.climb`.
@@ -99,7 +102,10 @@ class _LadderPanel:
 
         self.config, self.rounds, self.progress = config, rounds, progress
         self.ladder: Ladder | None = None
-        self.boxes = {r: W.Checkbox(value=r in rungs, description=r, indent=False)
+        why = {r: unavailable(r, config) for r in RUNGS}
+        self.boxes = {r: W.Checkbox(value=r in rungs and not why[r], description=r,
+                                    indent=False, disabled=bool(why[r]),
+                                    tooltip=why[r] or f"try the {r} rung")
                       for r in RUNGS}
         self.run_button = W.Button(description="Run", icon="play", button_style="primary")
         self.run_button.add_class("perflab-run")
@@ -111,8 +117,9 @@ class _LadderPanel:
         self.image.add_class("perflab-plot")
         head = W.HTML(f"<h4>{html.escape(title)}</h4><p>Baseline "
                       f"<code>{html.escape(config.display_label())}</code>; tick the "
-                      "rungs and press <b>Run</b> to climb them on this machine.</p>")
-        self.widget = W.VBox([head, W.HBox(list(self.boxes.values())), self.run_button,
+                      "rungs and press <b>Run</b> to search them on this machine.</p>")
+        boxes = W.HBox(list(self.boxes.values()), layout=W.Layout(flex_flow="row wrap"))
+        self.widget = W.VBox([head, boxes, self.run_button,
                               self.status, self.error, self.log, self.image, self.table])
         self.widget.add_class("perflab-panel")
 
@@ -129,7 +136,7 @@ class _LadderPanel:
                 self.ladder = climb(self.config, rungs=ticked, rounds=self.rounds,
                                     progress=self.progress)
             self.image.value = figure_to_png(self.ladder.plot_waterfall())
-            cols = ["rung", "status", "step_time_ms", "samples_per_s", "speedup",
+            cols = ["rung", "move", "status", "step_time_ms", "samples_per_s", "speedup",
                     "p_value", "cumulative_speedup", "mfu_pct"]
             self.table.value = self.ladder.table[cols].to_html(
                 index=False, float_format=lambda v: f"{v:,.3g}", na_rep="–", border=0)

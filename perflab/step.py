@@ -24,7 +24,7 @@ from perflab.dtypes import LOW_PRECISION_DTYPES
 from perflab.models import build_model
 
 __all__ = ["train_step", "build_training", "build_model_and_optimizer", "make_scaler",
-           "StragglerDelay", "AMP_DTYPES"]
+           "StragglerDelay", "AMP_DTYPES", "OPTIMIZER_OPTIONS", "optimizer_options"]
 
 
 #: autocast dtype per ``RunConfig.amp`` mode (None = fp32, autocast disabled).
@@ -54,6 +54,37 @@ class StragglerDelay:
     def __call__(self, where: str) -> None:
         if self.delay_s > 0 and where == self.where:
             time.sleep(self.delay_s)
+
+
+#: Keyword arguments of ``torch.optim.SGD`` that :func:`optimizer_options` may set:
+#: ``foreach`` (one multi-tensor kernel launch per group of parameters) and ``fused``
+#: (one fused kernel for the whole update; CPU and CUDA, PyTorch >= 2.4). PyTorch docs,
+#: torch.optim, "Algorithms: implementations (for-loop, foreach, fused)".
+OPTIMIZER_OPTIONS = ("foreach", "fused")
+_optimizer_kwargs: dict[str, bool] = {}
+
+
+@contextlib.contextmanager
+def optimizer_options(**options: bool):
+    """Inside the block, :func:`build_model_and_optimizer` builds SGD with ``options``
+    (e.g. ``fused=True``): how the ladder's ``fused_optimizer`` rung changes the
+    optimizer of a :func:`perflab.train.run` (RunConfig has no field for it).
+
+    Raises:
+        ValueError: an option not in :data:`OPTIMIZER_OPTIONS`, or not a bool.
+    """
+    bad = {k: v for k, v in options.items()
+           if k not in OPTIMIZER_OPTIONS or not isinstance(v, bool)}
+    if bad:
+        raise ValueError(f"optimizer_options takes {OPTIMIZER_OPTIONS} as True/False, got "
+                         f"{bad}")
+    old = dict(_optimizer_kwargs)
+    _optimizer_kwargs.update(options)
+    try:
+        yield
+    finally:
+        _optimizer_kwargs.clear()
+        _optimizer_kwargs.update(old)
 
 
 def make_scaler(config: RunConfig, device: torch.device) -> torch.amp.GradScaler | None:
@@ -159,13 +190,15 @@ def train_step(model: torch.nn.Module, x: torch.Tensor | None, y: torch.Tensor |
 def build_model_and_optimizer(config: RunConfig, num_classes: int, device: torch.device
                               ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The model (train mode, on ``device``, with ``config.checkpointing`` and
-    ``channels_last`` applied; not compiled) and its SGD optimizer (momentum 0.9)."""
+    ``channels_last`` applied; not compiled) and its SGD optimizer (momentum 0.9; with
+    the implementation :func:`optimizer_options` asks for, if any)."""
     model = build_model(config.model, num_classes).to(device).train()
     if config.checkpointing != "none":
         model.set_checkpointing(config.checkpointing)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9,
+                                **_optimizer_kwargs)
     return model, optimizer
 
 

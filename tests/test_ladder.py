@@ -1,4 +1,8 @@
-"""The optimization ladder: decisions follow the statistics, reports are complete."""
+"""The optimization ladder: a search whose decisions follow the statistics.
+
+The search logic is tested with seeded fake measurements (a speed per combination of
+rungs, 5 % noise): no live timing is asserted. The live tests only check the plumbing.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,32 +12,33 @@ import pandas as pd
 import pytest
 import torch
 
+from perflab import step as step_module
 from perflab.cli import main
 from perflab.config import RunConfig
-from perflab.panels import ladder_panel
-from perflab.ladder import (RUNGS, SIZES, checkpointed_batch_size, climb,
-                            naive_config, per_sample, rung_config)
+from perflab.ladder import climb, resume_climb, search_all
 from perflab.ladder_report import TABLE_COLUMNS
+from perflab.ladder_rungs import (RUNGS, SIZES, applied, checkpointed_batch_size,
+                                  make_variant, naive_config, per_sample, rung_config,
+                                  unavailable)
 from perflab.measurement import Measurement, compare
 from perflab.memory import PeakMemory
-from perflab.result import PHASES, RunResult
-
-#: Seconds per sample of each fake variant: data loading 4x faster, amp no change,
-#: channels_last slower, compile 1.5x faster (decided per config by _fake_speed).
-def _fake_speed(c: RunConfig) -> float:
-    s = 0.010
-    if c.decoded_cache != "off":
-        s /= 4
-    if c.channels_last:
-        s *= 1.3
-    if c.compile != "off":
-        s /= 1.5
-    return s
+from perflab.panels import ladder_panel
+from perflab.result import RunResult
 
 
-def _fake_result(config: RunConfig, seed: int, steps: int = 12) -> RunResult:
+def features(c: RunConfig) -> frozenset[str]:
+    """Which rungs a config (and the optimizer options in force) has on."""
+    on = {"data_loading": c.decoded_cache != "off", "amp": c.amp != "off",
+          "channels_last": c.channels_last, "compile": c.compile != "off",
+          "threads": c.threads is not None, "larger_batch": c.checkpointing != "none",
+          "fused_optimizer": step_module._optimizer_kwargs.get("fused", False)}
+    return frozenset(k for k, v in on.items() if v)
+
+
+def _fake_result(config: RunConfig, per_sample_s: float, seed: int, steps: int = 12
+                 ) -> RunResult:
     gen = torch.Generator().manual_seed(seed)
-    per = _fake_speed(config) * config.batch_size
+    per = per_sample_s * config.batch_size
     times = (per * (1 + 0.05 * torch.rand(steps, generator=gen))).tolist()  # 5 % noise
     parts = {"data": 0.2, "forward": 0.3, "backward": 0.4, "optimizer": 0.1, "other": 0.0}
     phases = {p: Measurement(p, tuple(t * f for t in times)) for p, f in parts.items()}
@@ -44,46 +49,199 @@ def _fake_result(config: RunConfig, seed: int, steps: int = 12) -> RunResult:
 
 
 class FakeRuns:
-    """Stands in for run_interleaved: seeded synthetic step times, calls recorded."""
+    """Stands in for run_interleaved: seconds per sample from ``speed(features)``,
+    seeded noise; every call's configs and optimizer options recorded."""
 
-    def __init__(self):
+    def __init__(self, speed=None, interrupt_at: int | None = None):
+        self.speed = speed or default_speed
         self.calls: list[list[RunConfig]] = []
+        self.options: list[dict] = []
+        self.interrupt_at = interrupt_at
 
     def __call__(self, configs, *, rounds, progress):
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
         self.calls.append(list(configs))
-        return [_fake_result(c, seed=len(self.calls) * 10 + i) for i, c in enumerate(configs)]
+        self.options.append(dict(step_module._optimizer_kwargs))
+        return [_fake_result(c, self.speed(features(c)), seed=1000 + len(self.calls) + i)
+                for i, c in enumerate(configs)]
+
+
+def default_speed(on: frozenset[str]) -> float:
+    """Data loading 4x faster, amp no change, channels_last slower, compile 1.5x faster."""
+    s = 0.010
+    s /= 4 if "data_loading" in on else 1
+    s *= 1.3 if "channels_last" in on else 1
+    s /= 1.5 if "compile" in on else 1
+    return s
 
 
 def _tiny(**kw) -> RunConfig:
     return naive_config("tiny", model="tiny", device="cpu", **kw)
 
 
+FOUR = ["data_loading", "amp", "channels_last", "compile"]
+
+
 def test_decisions_follow_the_statistics(tmp_path):
     fake = FakeRuns()
-    lad = climb(_tiny(), rounds=1, progress=False, out_dir=tmp_path, run_fn=fake)
+    lad = climb(_tiny(), rungs=FOUR + ["larger_batch"], rounds=1, progress=False,
+                out_dir=tmp_path, run_fn=fake)
     assert lad.kept == ["data_loading", "compile"]
-    assert lad.dropped == ["amp", "channels_last"]
     assert "larger_batch" in lad.skipped and "no stages" in lad.skipped["larger_batch"]
+    assert lad.greedy_on == lad.best_on == ("data_loading", "compile")
     table = lad.table
     assert list(table.columns) == list(TABLE_COLUMNS)
-    assert list(table.rung) == ["baseline", *RUNGS]
+    assert list(table.rung[:5]) == ["baseline", *FOUR]
     for rung in lad.rungs:  # recompute each decision from the saved per-sample times
         c = compare(per_sample(rung.incumbent.step, rung.incumbent.config.batch_size, "a"),
                     per_sample(rung.candidate.step, rung.candidate.config.batch_size, "b"))
         assert rung.kept == (c.p_value < 0.05 and c.speedup > 1)
-        row = table.set_index("rung").loc[rung.name]
-        assert row.status == ("kept" if rung.kept else "dropped")
-        assert row.p_value == pytest.approx(c.p_value)
-    # each rung is measured against the best so far: amp's incumbent has the cache
-    assert fake.calls[1][0].decoded_cache == "memory"
-    assert fake.calls[2][0].amp == "off"  # amp was dropped
+    by_row = table.iloc[1:1 + len(lad.rungs)]
+    assert list(by_row.status) == ["kept" if r.kept else "dropped" for r in lad.rungs]
+    # amp's incumbent already has the cache; compile's has amp off (amp was dropped)
+    assert lad.rungs[1].incumbent.config.decoded_cache == "memory"
+    assert lad.rungs[3].incumbent.config.amp == "off"
     assert lad.best_config.compile == "default" and not lad.best_config.channels_last
-    assert lad.cumulative_speedup == pytest.approx(
-        lad.rungs[0].comparison.speedup * lad.rungs[3].comparison.speedup)
     assert table.cumulative_speedup.iloc[-1] == pytest.approx(lad.cumulative_speedup)
     assert lad.cumulative_speedup == pytest.approx(6.0, rel=0.1)
-    # saved as measured: incumbent + candidate per rung
-    assert len(list((tmp_path / "runs").glob("*.json"))) == 2 * len(lad.rungs)
+    # saved as measured: incumbent + candidate per trial, each round too
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 2 * lad.trials
+    assert len(list((tmp_path / "runs" / "rounds").glob("*.json"))) == 2 * lad.trials
+    tags = [json.loads(p.read_text())["extra"]["ladder"]
+            for p in (tmp_path / "runs").glob("*.json")]
+    assert {t["trial"] for t in tags} == set(range(lad.trials))
+    # the same pair is never measured twice; nothing kept after the first pass but
+    # compile, so the search re-tries amp and channels_last on the new best only
+    pairs = [(r.incumbent.config.label, r.candidate.config.label) for r in lad.rungs]
+    assert len(pairs) == len(set(pairs))
+
+
+def test_search_finds_an_interaction_the_greedy_pass_misses(tmp_path):
+    def speed(on):  # bf16 alone and NHWC alone are slower; together 1.6x faster
+        amp, cl = "amp" in on, "channels_last" in on
+        return 0.010 * (0.6 if amp and cl else 1.1 if amp or cl else 1.0)
+
+    lad = climb(_tiny(), rungs=["amp", "channels_last"], rounds=1, progress=False,
+                out_dir=tmp_path, run_fn=FakeRuns(speed))
+    assert lad.greedy_on == ()
+    assert lad.best_on == ("amp", "channels_last")
+    joint = [r for r in lad.rungs if r.move == "joint"]
+    assert [r.name for r in joint] == ["amp+channels_last"] and joint[0].kept
+    assert lad.best_config.amp == "bf16" and lad.best_config.channels_last
+    greedy = climb(_tiny(), rungs=["amp", "channels_last"], rounds=1, progress=False,
+                   save=False, run_fn=FakeRuns(speed), search=False)
+    assert greedy.best_on == () and greedy.trials == 2
+
+
+def test_a_dropped_rung_is_retried_after_a_later_one_is_kept(tmp_path):
+    def speed(on):  # amp pays only once the data no longer dominates
+        s = 0.010 / (4 if "data_loading" in on else 1)
+        if "amp" in on:
+            s *= 0.7 if "data_loading" in on else 1.02
+        return s
+
+    lad = climb(_tiny(), rungs=["amp", "data_loading"], rounds=1, progress=False,
+                out_dir=tmp_path, run_fn=FakeRuns(speed))
+    assert lad.greedy_on == ("data_loading",)
+    assert [(r.name, r.move, r.kept) for r in lad.rungs][:3] == [
+        ("amp", "add", False), ("data_loading", "add", True), ("amp", "retry", True)]
+    assert lad.best_on == ("data_loading", "amp")
+
+
+def test_a_kept_rung_made_useless_by_a_later_one_is_removed(tmp_path):
+    def speed(on):  # NHWC helps eager, but hurts the compiled model
+        cl, comp = "channels_last" in on, "compile" in on
+        return 0.010 * (0.6 if cl and comp else 0.5 if comp else 0.8 if cl else 1.0)
+
+    lad = climb(_tiny(), rungs=["channels_last", "compile"], rounds=1, progress=False,
+                out_dir=tmp_path, run_fn=FakeRuns(speed))
+    assert lad.greedy_on == ("channels_last", "compile")
+    removal = [r for r in lad.rungs if r.move == "remove"]
+    assert [r.name for r in removal] == ["-channels_last"] and removal[0].kept
+    assert lad.best_on == ("compile",) and not lad.best_config.channels_last
+    assert "channels_last" not in lad.table.set_index("rung").loc["-channels_last", "change"] \
+        or "channels_last=False" in lad.table.set_index("rung").loc["-channels_last", "change"]
+
+
+def test_the_search_ends_at_the_exhaustive_best():
+    gen = torch.Generator().manual_seed(3)
+    effect = {r: float(x) for r, x in zip(FOUR, 0.6 + 0.8 * torch.rand(4, generator=gen))}
+
+    def speed(on):  # seeded effects, and amp x channels_last interact
+        s = 0.010
+        for r in on:
+            s *= effect[r]
+        if {"amp", "channels_last"} <= on:
+            s *= 0.7
+        return s
+
+    table = search_all(_tiny(), rungs=FOUR, rounds=1, progress=False, run_fn=FakeRuns(speed))
+    assert len(table) == 2 ** 4 and table.ms_per_sample.is_monotonic_increasing
+    lad = climb(_tiny(), rungs=FOUR, rounds=1, progress=False, save=False,
+                run_fn=FakeRuns(speed))
+    best = table.iloc[0]
+    assert "+".join(lad.best_on) == best.key
+    assert best.ms_per_sample_ci_low <= best.ms_per_sample <= best.ms_per_sample_ci_high
+
+
+def test_settings_rungs_apply_around_their_own_runs_only(tmp_path):
+    def speed(on):
+        return 0.010 * (0.7 if "fused_optimizer" in on else 1.0)
+
+    fake = FakeRuns(speed)
+    lad = climb(_tiny(), rungs=["fused_optimizer"], rounds=2, progress=False,
+                out_dir=tmp_path, run_fn=fake)
+    assert lad.best_on == ("fused_optimizer",) and lad.best_settings == ("fused_optimizer",)
+    # A B A B: the baseline without, the candidate with fused=True, restored after
+    assert fake.options == [{}, {"fused": True}, {}, {"fused": True}]
+    assert step_module._optimizer_kwargs == {}
+    assert "fused_optimizer=True" in lad.rungs[0].change
+    with applied(["fused_optimizer", "cudnn_benchmark"]):
+        assert step_module._optimizer_kwargs == {"fused": True}
+        assert torch.backends.cudnn.benchmark
+    assert not torch.backends.cudnn.benchmark and step_module._optimizer_kwargs == {}
+
+
+def test_rungs_this_hardware_lacks_are_skipped_with_a_reason():
+    lad = climb(_tiny(), rounds=1, progress=False, save=False, run_fn=FakeRuns(),
+                max_trials=3)
+    if not torch.cuda.is_available():
+        for rung in ("max_autotune", "cuda_graphs", "cudnn_benchmark"):
+            assert lad.skipped[rung].startswith("GPU only")
+    assert lad.trials == 3  # max_trials bounds the search
+    if torch.get_num_threads() >= 2:
+        assert unavailable("threads", _tiny()) is None
+        assert rung_config("threads", _tiny()).threads == torch.get_num_threads() // 2
+
+
+def test_interrupted_ladder_resumes_from_its_saved_runs(tmp_path, capsys):
+    def speed(on):
+        return default_speed(on) * (0.6 if {"amp", "channels_last"} <= on else 1.0)
+
+    whole = climb(_tiny(), rungs=FOUR, rounds=1, progress=False, save=False,
+                  run_fn=FakeRuns(speed))
+    with pytest.raises(KeyboardInterrupt):
+        climb(_tiny(), rungs=FOUR, rounds=1, progress=False, out_dir=tmp_path,
+              run_fn=FakeRuns(speed, interrupt_at=7))  # in trial 3's second run
+    said = capsys.readouterr().out
+    assert "ladder interrupted: 6 result(s) of 3 finished trial(s) saved in" in said
+    assert f"perflab ladder --resume {tmp_path}" in said
+    fake = FakeRuns(speed)
+    lad = resume_climb(tmp_path, progress=False, run_fn=fake)
+    assert len(fake.calls) == 2 * (lad.trials - 3)  # only the missing trials measured
+    assert [(r.name, r.kept) for r in lad.rungs] == [(r.name, r.kept) for r in whole.rungs]
+    assert lad.best_on == whole.best_on
+    # a finished ladder replays without measuring: the report is rebuilt from runs/
+    again = FakeRuns(speed)
+    rebuilt = resume_climb(tmp_path, progress=False, run_fn=again)
+    assert again.calls == [] and rebuilt.best_on == lad.best_on
+    assert rebuilt.write_report().is_file() and (tmp_path / "table.csv").is_file()
+
+
+def test_resume_needs_a_ladder_folder(tmp_path):
+    with pytest.raises(ValueError, match="holds no ladder.json"):
+        resume_climb(tmp_path)
 
 
 def test_report_files_and_text(tmp_path):
@@ -95,9 +253,20 @@ def test_report_files_and_text(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     text = report.read_text()
     assert "**amp** skipped: skipped on request" in text and "## Environment" in text
+    assert "Why, from this machine's roofline" in text and "fp32    matmul" in text
+    assert "The first, greedy pass alone kept `data_loading`" in text
     assert list(pd.read_csv(tmp_path / "table.csv").columns) == list(TABLE_COLUMNS)
     fig = lad.plot_waterfall()
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["data_loading", "total"]
+
+
+def test_mfu_is_against_the_peak_of_the_runs_dtype():
+    lad = climb(_tiny(), rungs=["amp"], rounds=1, progress=False, save=False,
+                run_fn=FakeRuns())
+    table = lad.table.set_index("rung")
+    assert table.loc["baseline", "mfu_peak"].startswith("fp32 ")
+    assert table.loc["amp", "mfu_peak"].startswith("bf16 ")
+    assert "measured:" in table.loc["amp", "mfu_peak"]
 
 
 def test_unsaved_ladder_needs_a_report_folder(tmp_path):
@@ -118,6 +287,7 @@ def test_unsaved_ladder_needs_a_report_folder(tmp_path):
     (dict(alpha=1.5), r"alpha must be in \(0, 1\)"),
     (dict(size="huge"), "size must be one of"),
     (dict(config="resnet18"), "config must be a RunConfig"),
+    (dict(max_trials=0), "max_trials must be None or an int >= 1"),
 ])
 def test_bad_input_fails_before_any_run(kwargs, message):
     fake = FakeRuns()
@@ -127,7 +297,17 @@ def test_bad_input_fails_before_any_run(kwargs, message):
     assert fake.calls == []
 
 
-def test_rung_configs():
+def test_an_unwritable_out_dir_fails_before_any_run(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    fake = FakeRuns()
+    with pytest.raises(ValueError, match="out_dir=.* is a file"):
+        climb(_tiny(), rungs=["amp"], rounds=1, progress=False, out_dir=blocker,
+              run_fn=fake)
+    assert fake.calls == []
+
+
+def test_rung_configs_and_variants():
     base = _tiny()
     assert rung_config("data_loading", base).decoded_cache == "memory"
     assert rung_config("data_loading", base).device_prefetch
@@ -135,16 +315,23 @@ def test_rung_configs():
     assert rung_config("channels_last", base).channels_last
     assert rung_config("compile", base).compile == "default"
     assert "no stages" in rung_config("larger_batch", base)
+    assert "setting around the run" in rung_config("fused_optimizer", base)
     on = base.replace(decoded_cache="memory", amp="bf16", channels_last=True,
                       compile="default")
-    for rung in RUNGS[:4]:
+    for rung in FOUR:
         assert "already on" in rung_config(rung, on)
     big = rung_config("larger_batch", naive_config("tiny"), batch_size=24)
     assert (big.checkpointing, big.batch_size) == ("per_stage", 24)
+    v = make_variant(base, ["compile", "amp", "fused_optimizer"])
+    assert v.on == ("amp", "compile", "fused_optimizer") and v.key == "amp+compile+fused_optimizer"
+    assert v.settings == ("fused_optimizer",) and v.config.label == v.key
+    with pytest.raises(ValueError, match="at most one of"):
+        make_variant(base, ["compile", "max_autotune"])
     with pytest.raises(ValueError, match="unknown rung 'turbo'"):
         rung_config("turbo", base)
     assert set(SIZES) == {"tiny", "quick", "full"}
     assert all(s["warmup_steps"] >= 1 for s in SIZES.values())  # compile's first step
+    assert RUNGS[:4] == tuple(FOUR)
 
 
 def test_checkpointing_makes_room_for_a_larger_batch():
@@ -155,31 +342,48 @@ def test_checkpointing_makes_room_for_a_larger_batch():
 def test_cli_ladder_tiny(tiny_dataset, tmp_path, capsys):
     out = tmp_path / "ladder"
     rc = main(["ladder", "--size", "tiny", "--model", "tiny", "--dataset", tiny_dataset,
-               "--skip", "compile", "--rounds", "1", "--steps", "6", "--out", str(out),
-               "--quiet"])
+               "--rungs", "data_loading,amp,channels_last", "--rounds", "1", "--steps", "6",
+               "--out", str(out), "--quiet", "--max-trials", "4"])
     text = capsys.readouterr().out
     assert rc == 0
-    for col in ("rung", "step_time_ms", "samples_per_s", "speedup", "cumulative_speedup",
-                "mfu_pct", "peak_mem_gib"):
+    for col in ("rung", "move", "step_time_ms", "samples_per_s", "speedup",
+                "cumulative_speedup", "mfu_pct", "peak_mem_gib", "search:"):
         assert col in text
     table = pd.read_csv(out / "table.csv")
-    assert list(table.rung) == ["baseline", *RUNGS]
     measured = table[table.status.isin(["kept", "dropped"])]
-    assert len(measured) == 3  # data_loading, amp, channels_last
+    assert 3 <= len(measured) <= 4
     follows = (measured.p_value < 0.05) & (measured.speedup > 1)
     assert ((measured.status == "kept") == follows).all()
-    assert set(table.status[table.rung.isin(["compile", "larger_batch"])]) == {"skipped"}
-    for name in ("report.md", "waterfall.png", "phases.png"):
+    for name in ("report.md", "waterfall.png", "phases.png", "ladder.json"):
         assert (out / name).is_file()
     runs = list((out / "runs").glob("*.json"))
-    assert len(runs) == 6 and all(json.loads(p.read_text())["schema"] == 1 for p in runs)
+    assert len(runs) == 2 * len(measured)
+    assert all(json.loads(p.read_text())["schema"] == 1 for p in runs)
+    # --resume on the finished ladder measures nothing and rebuilds the report
+    (out / "report.md").unlink()
+    assert main(["ladder", "--resume", str(out), "--quiet"]) == 0
+    assert (out / "report.md").is_file()
+    assert len(list((out / "runs").glob("*.json"))) == len(runs)
 
 
-def test_cli_ladder_bad_rung_is_an_error_before_work(tmp_path, capsys):
+def test_cli_ladder_errors_before_work_and_ctrl_c(tmp_path, capsys, monkeypatch):
     out = tmp_path / "never"
     assert main(["ladder", "--rungs", "data_loading,warp", "--out", str(out)]) == 2
     assert "unknown rung(s) ['warp']" in capsys.readouterr().err
     assert not out.exists()
+    assert main(["ladder", "--resume", str(tmp_path)]) == 2
+    assert "holds no ladder.json" in capsys.readouterr().err
+
+    import perflab.ladder
+
+    def interrupted(*a, **k):
+        print("ladder interrupted: 2 result(s) of 1 finished trial(s) saved in X")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(perflab.ladder, "climb", interrupted)
+    assert main(["ladder", "--size", "tiny", "--out", str(tmp_path / "x")]) == 130
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
 
 
 def test_ladder_panel(tiny_dataset, results_dir):
@@ -189,6 +393,9 @@ def test_ladder_panel(tiny_dataset, results_dir):
     assert "perflab-run" in panel.run_button._dom_classes
     assert "perflab-plot" in panel.image._dom_classes
     assert [b.description for b in panel.boxes.values() if b.value] == ["data_loading"]
+    if not torch.cuda.is_available():
+        assert panel.boxes["cuda_graphs"].disabled
+        assert "GPU only" in panel.boxes["cuda_graphs"].tooltip
     lad = panel.run(raise_errors=True)
     assert lad is panel.ladder and panel.image.value[:4] == b"\x89PNG"
     assert "data_loading" in panel.table.value and panel.error.value == ""
@@ -197,38 +404,40 @@ def test_ladder_panel(tiny_dataset, results_dir):
 
 
 def test_ladder_panel_shows_errors(tiny_dataset, results_dir):
-    panel = ladder_panel(_tiny(dataset=tiny_dataset, batch_size=1000), rounds=1,
-                         progress=False)
+    panel = ladder_panel(_tiny(dataset=tiny_dataset, batch_size=1000),
+                         rungs=["data_loading"], rounds=1, progress=False)
     assert panel.run() is None
     assert "batch_size=1000" in panel.error.value and not panel.run_button.disabled
 
 
 def test_noisy_rungs_are_flagged(tmp_path):
+    calls = []
+
     def noisy_runs(configs, *, rounds, progress):
-        out = [_fake_result(c, seed=i) for i, c in enumerate(configs)]
-        step = out[1].phases["step"]  # the candidate: every other step 3x slower
+        calls.append(1)
+        r = _fake_result(configs[0], 0.010, seed=len(calls))
+        if len(calls) % 2:  # the baseline: as is
+            return [r]
+        step = r.phases["step"]  # the candidate: every other step 3x slower
         times = tuple(t * (3 if i % 2 else 1) for i, t in enumerate(step.times_s))
-        phases = dict(out[1].phases, step=Measurement("step", times,
-                                                      samples_per_step=step.samples_per_step))
-        return [out[0], dataclasses.replace(out[1], phases=phases)]
+        phases = dict(r.phases, step=Measurement("step", times,
+                                                 samples_per_step=step.samples_per_step))
+        return [dataclasses.replace(r, phases=phases)]
 
     lad = climb(_tiny(), rungs=["amp"], rounds=1, progress=False, out_dir=tmp_path,
                 run_fn=noisy_runs)
-    assert "noisy (IQR > 10 % of the median" in lad.table.verdict.iloc[-1]
+    assert "noisy (IQR > 10 % of the median" in lad.table.verdict.iloc[1]
     assert "Noisy measurements (IQR > 10 % of the median) in: amp" in (
         lad.write_report().read_text())
 
 
 def test_rounds_default_per_size():
-    from perflab.ladder import ROUNDS
-
-    seen = []
-
-    def record(configs, *, rounds, progress):
-        seen.append(rounds)
-        return FakeRuns()(configs, rounds=rounds, progress=progress)
+    from perflab.ladder_rungs import ROUNDS
 
     for size in ("tiny", "quick"):
-        climb(_tiny(), size=size, rungs=["amp"], progress=False, save=False, run_fn=record)
-    climb(_tiny(), rungs=["amp"], rounds=5, progress=False, save=False, run_fn=record)
-    assert seen == [ROUNDS["tiny"], ROUNDS["quick"], 5]
+        fake = FakeRuns()
+        climb(_tiny(), size=size, rungs=["amp"], progress=False, save=False, run_fn=fake)
+        assert len(fake.calls) == 2 * ROUNDS[size]  # one run per variant per round
+    fake = FakeRuns()
+    climb(_tiny(), rungs=["amp"], rounds=5, progress=False, save=False, run_fn=fake)
+    assert len(fake.calls) == 10
