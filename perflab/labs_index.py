@@ -59,6 +59,8 @@ LABS: tuple[Lab, ...] = (
     Lab("07", "Stragglers", "One slow rank slows every rank", "07_stragglers.ipynb"),
     Lab("08", "Capstone", "The optimization ladder, MFU, a written report",
         "08_capstone.ipynb"),
+    Lab("09", "Sharding and scaling", "What ZeRO-1 and FSDP2 save per rank, what they move, "
+        "and how throughput scales with ranks", "09_sharding_and_scaling.ipynb"),
 )
 
 

@@ -8,26 +8,22 @@ Everything here reads the tensors and the calls themselves, never a formula:
   global size and would count every rank's shard.
 * :func:`state_bytes`: parameter, gradient and optimizer-state bytes on this rank, for a
   model and its optimizer (plain, ``ZeroRedundancyOptimizer``, or over DTensors).
-* :func:`peak_memory`: the process's peak memory, with a label saying which one: the
-  CUDA caching allocator's peak (``torch.cuda.max_memory_allocated``) or, on CPU, the
-  resident-set high-water mark (``resource.getrusage(...).ru_maxrss``: the whole
-  process, Python and torch's libraries included, never reset).
 * :class:`count_collectives`: a context manager that counts calls and bytes of
   ``torch.distributed`` collectives by kind while it is open.
 
+Peak memory per rank comes from :func:`perflab.memory.reset_peak` / :func:`~perflab.memory.read_peak`
+(the CUDA allocator's peak, or on CPU the process's RSS high-water mark, labelled).
 The ZeRO formulas these measurements are checked against are in :mod:`perflab.zero`.
 """
 from __future__ import annotations
 
 import functools
-import sys
 from collections import defaultdict
 from typing import Any, Iterable
 
 import torch
 
-__all__ = ["local_nbytes", "state_bytes", "peak_memory", "count_collectives",
-           "COLLECTIVE_KINDS"]
+__all__ = ["local_nbytes", "state_bytes", "count_collectives", "COLLECTIVE_KINDS"]
 
 #: torch.distributed function -> the kind it is counted under, and which argument is the
 #: message (nccl-tests' "size": the full buffer, not one rank's part of it).
@@ -107,37 +103,6 @@ def state_bytes(model: torch.nn.Module, optimizer: Any = None) -> dict[str, int]
                                      for v in s.values())
     out["total_bytes"] = out["params_bytes"] + out["grads_bytes"] + out["optimizer_bytes"]
     return out
-
-
-def peak_memory(device: torch.device | str = "cpu") -> tuple[int, str]:
-    """The process's peak memory so far, in bytes, and what that number is.
-
-    Args:
-        device: "cpu" or a CUDA device.
-
-    Returns:
-        ``(bytes, label)``: on CUDA ``torch.cuda.max_memory_allocated(device)`` with label
-        "CUDA allocator peak" (tensors only; reset it with
-        ``torch.cuda.reset_peak_memory_stats``); on CPU the resident-set high-water mark
-        ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (KiB on Linux, bytes on macOS) with
-        label "RSS high-water mark (whole process)": Python, torch's libraries and every
-        buffer, and it never goes down.
-
-    Raises:
-        ValueError: a CUDA device without CUDA, or a device type other than cpu/cuda.
-    """
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} but CUDA is not available; use 'cpu'")
-        return int(torch.cuda.max_memory_allocated(dev)), "CUDA allocator peak"
-    if dev.type != "cpu":
-        raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
-    import resource
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024), \
-        "RSS high-water mark (whole process)"
 
 
 def _message_nbytes(value: Any) -> int:

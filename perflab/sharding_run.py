@@ -7,7 +7,7 @@ Each function named ``*_rank`` is what every rank runs under
   DDP, DDP with fp16 / PowerSGD communication hooks, the student's ZeRO-1 from their own
   file, ``torch.distributed.optim.ZeroRedundancyOptimizer``, FSDP2's ``fully_shard``) and
   measures, per rank: model-state bytes (:func:`perflab.sharding.state_bytes`), the peak
-  memory (:func:`perflab.sharding.peak_memory`), collective bytes per step
+  memory (:func:`perflab.memory.read_peak`, reset per method), collective bytes per step
   (:class:`perflab.sharding.count_collectives`) and the losses.
 * :func:`scaling_rank`: DDP step times of one per-rank batch size per configuration, with
   the simulated link under the allreduce (:mod:`perflab.link`).
@@ -23,11 +23,12 @@ import torch
 
 from perflab.distributed.ddp import register_comm_hook
 from perflab.link import SimulatedLink
-from perflab.sharding import count_collectives, peak_memory, state_bytes
+from perflab.memory import read_peak, reset_peak
+from perflab.sharding import count_collectives, state_bytes
 from perflab.timing import PhaseTimer
 
 __all__ = ["mlp", "mlp_batches", "unsharded_adamw", "sharding_rank", "scaling_rank",
-           "SHARDING_METHODS", "reset_peak_memory"]
+           "SHARDING_METHODS", "tasks_rank"]
 
 #: What :func:`sharding_rank` can run, and how each is built.
 SHARDING_METHODS = {
@@ -90,20 +91,6 @@ def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: in
         opt.step()
         opt.zero_grad()
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Reset the peak that :func:`perflab.sharding.peak_memory` reads: the CUDA
-    allocator's (``torch.cuda.reset_peak_memory_stats``), or on Linux the process's RSS
-    high-water mark (``echo 5 > /proc/self/clear_refs``, proc(5)); elsewhere a no-op."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
 
 
 def _build(method: str, model: torch.nn.Module, device: torch.device, lr: float,
@@ -185,7 +172,7 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
     for method in methods:
         model = mlp(sizes, seed).to(dev)
         shapes = [p.numel() for p in model.parameters()]
-        reset_peak_memory(dev)
+        was_reset = reset_peak(dev)
         module, opt, holder = _build(method, model, dev, lr, weight_decay, student)
         losses: list[float] = []
         with count_collectives() as comm:
@@ -200,7 +187,7 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
                 if s < steps - 1:
                     opt.zero_grad(set_to_none=True)
         measured = state_bytes(model, holder)  # grads of the last step still held
-        peak, label = peak_memory(dev)
+        peak = read_peak(dev, was_reset=was_reset)
         params = None
         if sum(shapes) <= params_up_to:
             full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
@@ -210,7 +197,7 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
             "student_optimizer_bytes": (int(student.my_state_bytes(holder))
                                         if student is not None else None),
             "largest_param_bytes": 4 * max(shapes), "num_params": sum(shapes),
-            "param_bytes": 4 * sum(shapes), "peak_bytes": peak, "peak_label": label,
+            "param_bytes": 4 * sum(shapes), "peak_bytes": peak.peak_bytes, "peak_label": peak.kind,
             "comm_per_step": comm.summary(steps - 1),
             "comm_calls_per_step": {k: v / (steps - 1) for k, v in comm.calls.items()},
             "losses": losses, "params": params}
@@ -219,33 +206,68 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
 
 
 def scaling_rank(configs: Sequence[dict[str, Any]], sizes: Sequence[int], seed: int = 0
-                 ) -> list[list[float]]:
-    """Rank body: DDP + SGD step times for each config (a dict with ``batch`` per rank,
-    ``steps``, ``warmup`` and ``link``: a :class:`~perflab.link.SimulatedLink` or None).
+                 ) -> list[dict[str, Any]]:
+    """Rank body: DDP + SGD step times for each config: a dict with ``batch`` (per rank),
+    ``steps``, ``warmup``, ``link`` (a :class:`~perflab.link.SimulatedLink` or None),
+    optionally ``ranks`` (train on the first ``ranks`` ranks only, in their own process
+    group, while the others wait: a smaller world size without another launch) and any
+    labels (``mode``...), which are passed through.
 
     Returns:
-        Per config, the step times in seconds of the timed steps (after ``warmup``),
-        timed with :class:`perflab.timing.PhaseTimer`.
+        Per config, the config's labels (``link`` as its name) with ``world_size`` (the
+        ranks that trained) and ``step_s``: this rank's step times in seconds after
+        ``warmup`` (timed with :class:`perflab.timing.PhaseTimer`), None on a rank that
+        only waited.
+
+    Raises:
+        ValueError: a link that is not a SimulatedLink, or ``ranks`` out of range.
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    rank, out = dist.get_rank(), []
+    from perflab.link import register_link_hook
+
+    rank, world, out = dist.get_rank(), dist.get_world_size(), []
     for cfg in configs:
-        link = cfg.get("link")
+        link, ranks = cfg.get("link"), cfg.get("ranks", world)
         if link is not None and not isinstance(link, SimulatedLink):
             raise ValueError(f"link must be a SimulatedLink or None, got {link!r}")
-        ddp = DDP(mlp(sizes, seed))
-        link_state = register_comm_hook(ddp, "none", link)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        timer = PhaseTimer("cpu", annotate=False)
-        for x, y in mlp_batches(sizes, cfg["batch"], cfg["warmup"] + cfg["steps"], rank, seed):
-            if link_state is not None:
-                link_state.reset()
-            with timer.step():
-                torch.nn.functional.cross_entropy(ddp(x), y).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        out.append(list(timer.measurements(warmup=cfg["warmup"])["step"].times_s))
+        if not 1 <= ranks <= world:
+            raise ValueError(f"ranks must be in 1..{world} (the launch's world_size), got {ranks}")
+        group = dist.new_group(list(range(ranks))) if ranks < world else None  # all ranks call
+        step_s = None
+        if rank < ranks:
+            ddp = DDP(mlp(sizes, seed), process_group=group)
+            state = None if link is None else register_link_hook(ddp, link, process_group=group)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            timer = PhaseTimer("cpu", annotate=False)
+            for x, y in mlp_batches(sizes, cfg["batch"], cfg["warmup"] + cfg["steps"], rank, seed):
+                if state is not None:
+                    state.reset()
+                with timer.step():
+                    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            step_s = list(timer.measurements(warmup=cfg["warmup"])["step"].times_s)
+        out.append({**{k: v for k, v in cfg.items() if k != "ranks"},
+                    "link": link.name if link else "real loopback", "world_size": ranks,
+                    "step_s": step_s})
         dist.barrier()
+    return out
+
+
+def tasks_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
+    """Rank body running several experiments in one launch (process start-up costs
+    seconds): ``tasks`` is a list of ``(name, args, kwargs)`` with name "sharding"
+    (:func:`sharding_rank`) or "scaling" (:func:`scaling_rank`); returns their results.
+
+    Raises:
+        ValueError: an unknown task name.
+    """
+    bodies = {"sharding": sharding_rank, "scaling": scaling_rank}
+    out = []
+    for name, args, kwargs in tasks:
+        if name not in bodies:
+            raise ValueError(f"unknown task {name!r}; use 'sharding' or 'scaling'")
+        out.append(bodies[name](*args, **kwargs))
     return out

@@ -26,7 +26,11 @@ Figure 1's worked example (Psi = 7.5 B, K = 12, N_d = 64) gives 120 GB, 31.4 GB,
 activations, temporary buffers and fragmentation (the paper's "residual states",
 section 3.2) come on top. PyTorch implements stage 1 as
 ``torch.distributed.optim.ZeroRedundancyOptimizer`` and stages 2-3 in FSDP
-(``ShardingStrategy.SHARD_GRAD_OP`` / ``FULL_SHARD``).
+(``ShardingStrategy.SHARD_GRAD_OP`` / ``FULL_SHARD``; FSDP2's ``fully_shard`` is stage 3).
+
+:func:`zero_vs_measured` sets these formulas beside the bytes measured per rank from the
+tensors themselves (:func:`perflab.sharding.state_bytes`, Lab 09), for the fp32 AdamW the
+labs train: p = g = 4 bytes, K = 8 (momentum + variance, no master copy).
 """
 from __future__ import annotations
 
@@ -35,12 +39,16 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-__all__ = ["ZeroMemory", "zero_memory", "zero_table", "ZERO_STAGES", "GB"]
+__all__ = ["ZeroMemory", "zero_memory", "zero_table", "zero_vs_measured", "ZERO_STAGES",
+           "METHOD_STAGE", "GB"]
 
 #: The paper's gigabyte: 10^9 bytes (Figure 1: 7.5 B params x 16 B = 120 GB).
 GB = 1e9
 #: Stage number -> the paper's name for what is partitioned (Figure 1).
 ZERO_STAGES = {0: "baseline (DDP)", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+#: The ZeRO stage each Lab 09 method implements (FSDP2's fully_shard shards all three).
+METHOD_STAGE = {"ddp": 0, "ddp_fp16": 0, "ddp_powersgd": 0, "zero1": 1,
+                "zero_redundancy": 1, "fsdp2": 3}
 
 
 @dataclass(frozen=True)
@@ -163,3 +171,44 @@ def zero_table(model_or_num_params: torch.nn.Module | int, world_size: int, *,
     df = pd.DataFrame(rows).set_index("stage")
     df["saving_x"] = df.total_gb.iloc[0] / df.total_gb
     return df
+
+
+def zero_vs_measured(measured: dict[str, dict[str, int]], num_params: int, world_size: int, *,
+                     param_bytes: int = 4, grad_bytes: int = 4,
+                     optimizer_bytes_per_param: int = 8) -> pd.DataFrame:
+    """The ZeRO formulas beside bytes measured on one rank, method by method.
+
+    Args:
+        measured: method (a key of :data:`METHOD_STAGE`) -> ``{"params_bytes",
+            "grads_bytes", "optimizer_bytes"}`` as :func:`perflab.sharding.state_bytes`
+            returns them for one rank.
+        num_params: Psi of the model trained.
+        world_size: N_d of the run.
+        param_bytes, grad_bytes, optimizer_bytes_per_param: as :func:`zero_memory`;
+            the defaults are fp32 AdamW (4, 4, K = 8).
+
+    Returns:
+        One row per method: ``method, stage, part`` (params / grads / optimizer),
+        ``predicted_bytes``, ``measured_bytes``, ``diff_bytes`` (measured - predicted).
+        Expected differences: Adam's scalar ``step`` tensors (4 bytes per parameter
+        tensor, in the optimizer state) and, for ZeRO-1 sharded by whole parameters, an
+        uneven split (up to the largest parameter's state).
+
+    Raises:
+        ValueError: an unknown method, or as :func:`zero_memory`.
+    """
+    rows = []
+    for method, got in measured.items():
+        if method not in METHOD_STAGE:
+            raise ValueError(f"unknown method {method!r}; known: {sorted(METHOD_STAGE)}")
+        stage = METHOD_STAGE[method]
+        want = zero_memory(num_params, world_size, stage, param_bytes=param_bytes,
+                           grad_bytes=grad_bytes,
+                           optimizer_bytes_per_param=optimizer_bytes_per_param)
+        for part, predicted in (("params", want.params_bytes), ("grads", want.grads_bytes),
+                                ("optimizer", want.optimizer_bytes)):
+            m = got[f"{part}_bytes"]
+            rows.append({"method": method, "stage": stage, "part": part,
+                         "predicted_bytes": predicted, "measured_bytes": m,
+                         "diff_bytes": m - predicted})
+    return pd.DataFrame(rows)

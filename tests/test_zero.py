@@ -66,3 +66,42 @@ def test_bad_input_names_the_field(kwargs, message):
 def test_repr_names_stage_and_total():
     assert repr(zero_memory(PSI, N_D, 3)) == (
         "ZeroMemory(stage 3 P_os+g+p, Psi=7,500,000,000, N_d=64: 1.88 GB per device)")
+
+
+# -- Lab 09: the formulas beside bytes measured from the tensors ---------------------------
+def test_figure_1_assumptions_term_by_term():
+    """Figure 1's assumptions, stated: Psi = 7.5e9, N_d = 64, mixed-precision Adam with
+    fp16 params (2 B) and grads (2 B), K = 12 B of fp32 master copy + momentum + variance,
+    GB = 1e9 bytes; model states only (no activations, buffers or fragmentation)."""
+    s0, s1, s2, s3 = (zero_memory(PSI, N_D, s) for s in range(4))
+    assert (s0.params_bytes, s0.grads_bytes, s0.optimizer_bytes) == (15e9, 15e9, 90e9)
+    assert s1.optimizer_bytes == 90e9 / 64 and s1.params_bytes + s1.grads_bytes == 30e9
+    assert s2.grads_bytes == 15e9 / 64 and s3.params_bytes == 15e9 / 64
+    assert [round(m.total_gb, 1) for m in (s0, s1, s2, s3)] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_zero_vs_measured_on_the_model_trained():
+    import torch
+
+    from perflab.sharding import state_bytes
+    from perflab.sharding_run import mlp
+    from perflab.zero import zero_vs_measured
+
+    model = mlp([32] * 9)
+    opt = torch.optim.AdamW(model.parameters())
+    torch.nn.functional.cross_entropy(model(torch.ones(4, 32)), torch.zeros(4, dtype=torch.long)
+                                      ).backward()
+    opt.step()
+    psi = sum(p.numel() for p in model.parameters())
+    got = state_bytes(model, opt)  # one process = DDP's replica on each rank (stage 0)
+    table = zero_vs_measured({"ddp": got}, psi, 2).set_index("part")
+    assert table.loc["params", "diff_bytes"] == 0 and table.loc["grads", "diff_bytes"] == 0
+    # fp32 AdamW: K = 8 plus one 4-byte step scalar per parameter tensor (16 tensors)
+    assert table.loc["optimizer", "diff_bytes"] == 4 * 16
+    # what ZeRO-1 and FSDP2 would hold per rank, measured on 2 ranks (tests/test_sharding.py)
+    shard = {"params_bytes": 4 * psi // 2, "grads_bytes": 4 * psi // 2,
+             "optimizer_bytes": 8 * psi // 2 + 64}
+    fsdp = zero_vs_measured({"fsdp2": shard}, psi, 2).set_index("part")
+    assert list(fsdp.diff_bytes) == [0, 0, 64] and set(fsdp.stage) == {3}
+    with pytest.raises(ValueError, match="unknown method 'zero9'"):
+        zero_vs_measured({"zero9": shard}, psi, 2)

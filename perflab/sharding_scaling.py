@@ -1,0 +1,184 @@
+"""Scaling curves (Lab 09): throughput at world_size 1, 2, 4, weak and strong, with CIs.
+
+* **weak scaling**: the per-rank batch stays fixed, so the global batch grows with the
+  ranks; ideal throughput grows N-fold.
+* **strong scaling**: the global batch stays fixed and is split over the ranks; each
+  rank's share shrinks, and so does its compute per allreduce.
+
+Scaling efficiency at N ranks is ``E(N) = X(N) / (N * X(1))`` with X the throughput in
+samples/s (global batch / step time); 1.0 is perfect scaling. (Hennessy & Patterson's
+parallel efficiency, speedup / N; the weak/strong distinction is Gustafson 1988,
+"Reevaluating Amdahl's law".) Its 95 % confidence interval comes from a seeded percentile
+bootstrap over the measured steps (Efron & Tibshirani 1993, ch. 13).
+
+On a machine with fewer cores than ranks, ranks share cores: :func:`core_label` names
+those runs "oversubscribed" so no plot or table hides it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from perflab.distributed import launch_fn
+from perflab.link import SimulatedLink
+from perflab.sharding_run import scaling_rank
+
+__all__ = ["scaling_efficiency", "core_label", "scaling_configs", "scaling_table",
+           "scaling_curve", "SCALING_MODES"]
+
+#: "weak": fixed per-rank batch; "strong": fixed global batch.
+SCALING_MODES = ("weak", "strong")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def core_label(world_size: int, threads_per_rank: int = 1, cores: int | None = None) -> str:
+    """"2 ranks on 2 cores" or "4 ranks on 2 cores (oversubscribed)".
+
+    Raises:
+        ValueError: world_size or threads_per_rank < 1.
+    """
+    if world_size < 1 or threads_per_rank < 1:
+        raise ValueError(f"world_size and threads_per_rank must be >= 1, got {world_size}, "
+                         f"{threads_per_rank}")
+    cores = _cores() if cores is None else cores
+    text = f"{world_size} rank{'s' * (world_size > 1)} on {cores} cores"
+    return text + (" (oversubscribed)" if world_size * threads_per_rank > cores else "")
+
+
+def scaling_efficiency(step_s_1: Sequence[float], step_s_n: Sequence[float], n: int,
+                       global_batch_1: int, global_batch_n: int, *, resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """Scaling efficiency ``X(n) / (n * X(1))`` and its 95 % bootstrap CI.
+
+    X = global batch / median step time (samples/s). The CI resamples each run's step
+    times with replacement (``resamples`` times, seeded) and takes the 2.5 and 97.5
+    percentiles of the efficiency.
+
+    Args:
+        step_s_1: step times (s) at 1 rank; step_s_n: at ``n`` ranks (>= 1 each).
+        n: ranks of the second run (>= 1).
+        global_batch_1, global_batch_n: samples per step over all ranks of each run.
+
+    Returns:
+        ``(efficiency, ci_low, ci_high)``.
+
+    Raises:
+        ValueError: empty or non-positive times, n < 1, or a batch < 1.
+    """
+    a, b = np.asarray(step_s_1, float), np.asarray(step_s_n, float)
+    if a.size < 1 or b.size < 1 or (a <= 0).any() or (b <= 0).any():
+        raise ValueError("step_s_1 and step_s_n must be non-empty lists of positive seconds")
+    if n < 1 or global_batch_1 < 1 or global_batch_n < 1:
+        raise ValueError(f"n and the global batches must be >= 1, got n={n}, "
+                         f"global_batch_1={global_batch_1}, global_batch_n={global_batch_n}")
+
+    def eff(t1: np.ndarray, tn: np.ndarray) -> np.ndarray:
+        return (global_batch_n / tn) / (n * global_batch_1 / t1)
+
+    rng = np.random.default_rng(seed)
+    m1 = np.median(rng.choice(a, (resamples, a.size)), axis=1)
+    mn = np.median(rng.choice(b, (resamples, b.size)), axis=1)
+    lo, hi = np.percentile(eff(m1, mn), [2.5, 97.5])
+    return float(eff(np.median(a), np.median(b))), float(lo), float(hi)
+
+
+def scaling_configs(world_size: int, *, links: Sequence[SimulatedLink | None] = (None,),
+                    per_rank_batch: int = 32, global_batch: int = 64, steps: int = 6,
+                    warmup: int = 2) -> list[dict]:
+    """The configs :func:`perflab.sharding_run.scaling_rank` runs at one world size: for
+    each mode (weak: ``per_rank_batch`` per rank; strong: ``global_batch // world_size``)
+    and each link. Each config names its ``ranks`` (= ``world_size``), so a launch of
+    more ranks can run it on its first ``world_size`` ranks: world size 1 and 2 in one
+    2-rank launch (``scaling_configs(1, ...) + scaling_configs(2, ...)``).
+
+    Raises:
+        ValueError: ``global_batch`` not divisible by ``world_size``, batches < 1, or
+            steps < 2 / warmup < 0.
+    """
+    if world_size < 1 or global_batch % world_size or per_rank_batch < 1:
+        raise ValueError(f"global_batch={global_batch} must be divisible by world_size="
+                         f"{world_size} (strong scaling splits it evenly), and "
+                         f"per_rank_batch={per_rank_batch} >= 1")
+    if steps < 2 or warmup < 0:
+        raise ValueError(f"steps must be >= 2 and warmup >= 0, got {steps}, {warmup}")
+    batches = {"weak": per_rank_batch, "strong": global_batch // world_size}
+    return [{"mode": mode, "batch": batches[mode], "steps": steps, "warmup": warmup,
+             "link": lk, "ranks": world_size} for mode in SCALING_MODES for lk in links]
+
+
+def scaling_table(launches: Sequence[Sequence[Sequence[dict]]]) -> pd.DataFrame:
+    """Weak and strong scaling from the results of one launch per world size.
+
+    Args:
+        launches: per launch, ``launch_fn(scaling_rank, ...)``'s result (per rank, the
+            list of per-config dicts); one launch must have world_size 1.
+
+    Returns:
+        One row per (mode, link, world_size): ``mode, link, world_size, cores ("...
+        (oversubscribed)" where ranks outnumber cores), oversubscribed (bool),
+        global_batch, step_ms (median over steps of the slowest rank's step),
+        samples_per_s, efficiency, ci_low, ci_high`` (world_size 1: efficiency 1).
+
+    Raises:
+        ValueError: no world_size-1 run of a (mode, link) that a larger run has.
+    """
+    runs: dict[tuple[str, str, int], tuple[int, list[float]]] = {}
+    for per_rank in launches:
+        for i, cfg in enumerate(per_rank[0]):
+            w = cfg["world_size"]  # the ranks that trained: the first w of the launch
+            step = list(np.max([per_rank[r][i]["step_s"] for r in range(w)], axis=0))
+            runs[cfg["mode"], cfg["link"], w] = (cfg["batch"] * w, step)
+    rows = []
+    for (mode, link, w), (gb, step) in sorted(runs.items(), key=lambda kv: (
+            SCALING_MODES.index(kv[0][0]), kv[0][1], kv[0][2])):
+        if (mode, link, 1) not in runs:
+            raise ValueError(f"no world_size 1 run for mode={mode!r}, link={link!r}: "
+                             "launch world_size 1 too (the baseline)")
+        gb1, step1 = runs[mode, link, 1]
+        e, lo, hi = (1.0, 1.0, 1.0) if w == 1 else scaling_efficiency(step1, step, w, gb1, gb)
+        med = float(np.median(step))
+        rows.append({"mode": mode, "link": link, "world_size": w, "cores": core_label(w),
+                     "oversubscribed": w > _cores(), "global_batch": gb,
+                     "step_ms": med * 1e3, "samples_per_s": gb / med, "efficiency": e,
+                     "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)
+
+
+def scaling_curve(world_sizes: Sequence[int] = (1, 2, 4), *,
+                  links: Sequence[SimulatedLink | None] = (None,),
+                  sizes: Sequence[int] = (256, 512, 512, 10), per_rank_batch: int = 32,
+                  global_batch: int = 64, steps: int = 6, warmup: int = 2,
+                  timeout_s: float = 300) -> pd.DataFrame:
+    """Measure weak and strong scaling: one launch per world size (every link and both
+    modes inside it) of :func:`perflab.sharding_run.scaling_rank`, then
+    :func:`scaling_table`.
+
+    Args:
+        world_sizes: ranks per launch; must include 1 (the baseline).
+        links: simulated links under DDP's allreduce (None = the real gloo loopback).
+        sizes: the MLP (:func:`perflab.sharding_run.mlp`).
+        per_rank_batch, global_batch, steps, warmup: as :func:`scaling_configs`.
+        timeout_s: per launch.
+
+    Raises:
+        ValueError: as :func:`scaling_configs`, or no world size 1.
+    """
+    ws = [int(w) for w in world_sizes]
+    if 1 not in ws:
+        raise ValueError(f"world_sizes must include 1 (the baseline), got {ws}")
+    configs = {w: scaling_configs(w, links=links, per_rank_batch=per_rank_batch,
+                                  global_batch=global_batch, steps=steps, warmup=warmup)
+               for w in ws}
+    # world sizes up to the cores share one launch (process start-up costs seconds)
+    small = [w for w in ws if w <= max(2, _cores())]
+    launches = [launch_fn(scaling_rank, max(small), device="cpu", timeout_s=timeout_s,
+                          args=([c for w in small for c in configs[w]], list(sizes)))]
+    launches += [launch_fn(scaling_rank, w, args=(configs[w], list(sizes)), device="cpu",
+                           timeout_s=timeout_s) for w in ws if w not in small]
+    return scaling_table(launches)
