@@ -170,6 +170,8 @@ def lab_capabilities(device: str = "auto", roofline: Any = None) -> list[dict[st
         "07": f"simulated stragglers across {cores} core(s)",
         "08": "MFU against the peak of the run's dtype: " + (
             "the datasheet's" if dev.type == "cuda" else "this CPU's measured matmul rate"),
+        "09": f"FSDP2 / ZeRO-1 on gloo; scaling to 4 ranks on {cores} core(s)"
+              + (" (oversubscribed beyond that)" if cores < 4 else ""),
     }
     root = source_checkout_root()
     rows = []
