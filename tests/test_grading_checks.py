@@ -140,11 +140,6 @@ FACTS = {
 from test_lab09_checks import FACTS_09  # noqa: E402 - Lab 09's facts live beside its code tests
 
 FACTS.update(FACTS_09)
-from test_lab03_checks import FACTS as FACTS_03  # noqa: E402 - Labs 03/04's facts live beside
-from test_lab04_checks import FACTS as FACTS_04  # noqa: E402 - their real-answer tests
-
-FACTS.update(FACTS_03)
-FACTS.update(FACTS_04)
 #: Checks with no student answer before them: they check the lab's own machinery.
 NO_ANSWER = {("06", "check_calibration"): {"cal": {"alpha_s": 10e-3, "beta_bytes_per_s": 1e9 / 8,
                                                     "sizes": [2**k for k in range(10, 25, 2)],
