@@ -59,30 +59,6 @@ FACTS = {
          ({"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "storage_latency_ms": 0},
            "slow_knobs": _KNOBS}, False),
          ({"fixed_knobs": None, "slow_knobs": _KNOBS}, False)]),
-    ("03", "check_amp_step"): (
-        {"amp_steps": [{"detached_fp32": True, "mine": 2.3, "ref": 2.3}] * 2,
-         "amp_seen": {"seen": ["torch.bfloat16"], "want": "torch.bfloat16", "weights_differ": []}},
-        [({"amp_steps": [{"detached_fp32": True, "mine": 2.3, "ref": 2.3}],
-           "amp_seen": {"seen": ["torch.float32"], "want": "torch.bfloat16", "weights_differ": []}}, False),
-         ({"amp_steps": [{"detached_fp32": True, "mine": 2.1, "ref": 2.3}],
-           "amp_seen": {"seen": ["torch.bfloat16"], "want": "torch.bfloat16", "weights_differ": []}}, False)]),
-    ("03", "check_fp32_kind"): ({"facts": {"mine": "loss", "kept": ["aten::_log_softmax"]}},
-                                [({"facts": {"mine": "normalization", "kept": ["aten::_log_softmax"]}}, False)]),
-    ("03", "check_verdict"): (
-        {"facts": {"mine": "faster", "significant": True, "speedup": 1.5, "verdict": "v"}},
-        [({"facts": {"mine": "slower", "significant": True, "speedup": 1.5, "verdict": "v"}}, False),
-         ({"facts": {"mine": "faster", "significant": False, "speedup": 1.5, "verdict": "v"}}, False)]),
-    ("04", "check_checkpointed_forward"): (
-        {"before": 100, "after": 40, "MIB": 2**20, "ckpt": {"no_grad": [], "changed": []}},
-        [({"before": 100, "after": 80, "MIB": 2**20, "ckpt": {"no_grad": [], "changed": []}}, False),
-         ({"before": 100, "after": 40, "MIB": 2**20, "ckpt": {"no_grad": [], "changed": ["fc.weight"]}}, False)]),
-    ("04", "check_predict_segments"): ({"predicted_mib": 10.0, "measured_mib": 10.5},
-                                       [({"predicted_mib": 5.0, "measured_mib": 10.5}, False)]),
-    ("04", "check_accumulate"): (
-        {"acc_errors": {"2": {"w": 1e-6}, "4": {"w": 1e-6}, "odd": {"w": 1e-6}}},
-        [({"acc_errors": {"2": {"w": .1}, "4": {"w": 1e-6}, "odd": {"w": 1e-6}}}, False),
-         ({"acc_errors": {"2": None, "4": {"w": 1e-6}, "odd": {"w": 1e-6}}}, False),
-         ({"acc_errors": {"2": {"w": 1e-6}, "4": {"w": 1e-6}, "odd": {"w": .1}}}, True)]),
     ("05", "check_nobreak"): (
         {"facts": {"breaks": 0, "graphs": 1, "reasons": [], "same": [True] * 5}},
         [({"facts": {"breaks": 1, "graphs": 2, "reasons": ["if"], "same": [True] * 5}}, False),
@@ -140,6 +116,11 @@ FACTS = {
 from test_lab09_checks import FACTS_09  # noqa: E402 - Lab 09's facts live beside its code tests
 
 FACTS.update(FACTS_09)
+from test_lab03_checks import FACTS as FACTS_03  # noqa: E402 - Labs 03/04's facts live beside
+from test_lab04_checks import FACTS as FACTS_04  # noqa: E402 - their real-answer tests
+
+FACTS.update(FACTS_03)
+FACTS.update(FACTS_04)
 #: Checks with no student answer before them: they check the lab's own machinery.
 NO_ANSWER = {("06", "check_calibration"): {"cal": {"alpha_s": 10e-3, "beta_bytes_per_s": 1e9 / 8,
                                                     "sizes": [2**k for k in range(10, 25, 2)],
