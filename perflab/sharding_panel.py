@@ -5,8 +5,8 @@
   labelled.
 * :func:`plot_state_bytes`: parameter / gradient / optimizer-state bytes per rank, one
   bar per method, with the peak memory per rank written under each bar (and what it is).
-* :func:`scaling_panel`: a ``.perflab-panel`` whose Run measures the scaling curve on
-  another simulated link preset and plots it beside the baseline (before / after).
+* :func:`scaling_panel`: a ``.perflab-panel`` whose Run measures the scaling curve on a
+  baseline link and on another simulated link preset, plotted together (before / after).
 """
 from __future__ import annotations
 
@@ -99,39 +99,38 @@ def plot_state_bytes(rows: pd.DataFrame, *, title: str = "") -> InlineFigure:
     return fig
 
 
-def scaling_panel(baseline: pd.DataFrame, *, presets: Sequence[str] = ("10gbe", "1gbe",
-                                                                        "nvlink"),
+def scaling_panel(before: str = "10gbe", *, presets: Sequence[str] = ("1gbe", "10gbe",
+                                                                       "nvlink"),
                   world_sizes: Sequence[int] = (1, 2), **curve_kwargs: Any):
-    """Panel: pick a simulated link preset, press Run: the scaling curve is measured on
-    it (:func:`~perflab.sharding_scaling.scaling_curve`, ``world_sizes`` ranks; tick
-    "4 ranks" to add the oversubscribed point) and plotted beside ``baseline``.
+    """Panel: pick a simulated link preset and press Run: weak and strong scaling are
+    measured on the ``before`` link and on the chosen one in the same launch
+    (:func:`~perflab.sharding_scaling.scaling_curve`, ``world_sizes`` ranks; tick
+    "4 ranks" to add the oversubscribed point) and plotted together, before and after.
 
     Args:
-        baseline: a scaling table measured in the lab (the "before").
-        presets: names in :data:`perflab.link.LINK_PRESETS`.
+        before: the baseline link preset (a name in :data:`perflab.link.LINK_PRESETS`).
+        presets: the choices for "after".
         world_sizes: measured by a click (must include 1).
         curve_kwargs: passed to ``scaling_curve`` (sizes, batches, steps...).
 
     Raises:
-        ValueError: an unknown preset, or ``baseline`` not a scaling table.
+        ValueError: an unknown preset.
     """
-    for p in presets:
-        SimulatedLink.preset(p)  # raises for an unknown name
-    if "efficiency" not in getattr(baseline, "columns", ()):
-        raise ValueError("baseline must be a scaling table (perflab.scaling_table)")
-    return _ScalingPanel(baseline, list(presets), list(world_sizes), curve_kwargs)
+    for p in (before, *presets):
+        SimulatedLink.preset(p)  # raises for an unknown name, listing the presets
+    return _ScalingPanel(before, list(presets), list(world_sizes), curve_kwargs)
 
 
 class _ScalingPanel:
     """See :func:`scaling_panel` (the ladder panel's layout: button, status, error, plot)."""
 
-    def __init__(self, baseline: pd.DataFrame, presets: list[str], world_sizes: list[int],
+    def __init__(self, before: str, presets: list[str], world_sizes: list[int],
                  curve_kwargs: dict):
         import ipywidgets as W
 
-        self.baseline, self.world_sizes, self.kwargs = baseline, world_sizes, curve_kwargs
+        self.before, self.world_sizes, self.kwargs = before, world_sizes, curve_kwargs
         self.result: pd.DataFrame | None = None
-        self.preset = W.Dropdown(options=presets, value=presets[0], description="link")
+        self.preset = W.Dropdown(options=presets, value=presets[0], description="after")
         self.four = W.Checkbox(value=False, description="4 ranks (oversubscribed here)",
                                indent=False)
         self.run_button = W.Button(description="Run", icon="play", button_style="primary")
@@ -139,13 +138,12 @@ class _ScalingPanel:
         self.run_button.on_click(lambda _b: self.run())
         self.status, self.error = W.HTML("ready"), W.HTML("")
         self.error.add_class("perflab-error")
-        self.image = W.Image(value=figure_to_png(plot_scaling(baseline, title="before: "
-                                                              "the lab's run")),
-                             format="png", layout=W.Layout(max_width="100%"))
+        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
         self.image.add_class("perflab-plot")
-        head = W.HTML("<h4>Scaling on a simulated link</h4><p>Pick a link and press "
-                      "<b>Run</b>: weak and strong scaling are measured on it and plotted "
-                      "beside the lab's run.</p>")
+        head = W.HTML(f"<h4>Scaling on a simulated link</h4><p>Before: "
+                      f"<code>{html.escape(LINK_PRESETS[before].describe())}</code>. Pick "
+                      "another link and press <b>Run</b>: weak and strong scaling are "
+                      "measured on both and plotted together.</p>")
         self.widget = W.VBox([head, W.HBox([self.preset, self.four]), self.run_button,
                               self.status, self.error, self.image])
         self.widget.add_class("perflab-panel")
@@ -154,20 +152,21 @@ class _ScalingPanel:
         return self.widget._repr_mimebundle_(**kwargs)
 
     def run(self, *, raise_errors: bool = False) -> pd.DataFrame | None:
-        """Measure on the chosen preset; returns the combined table (None if it failed)."""
+        """Measure before and after; returns the scaling table (None if it failed)."""
         self.run_button.disabled, self.error.value = True, ""
         self.status.value = "measuring ..."
         try:
             ws = sorted(set(self.world_sizes) | ({4} if self.four.value else set()))
-            link = LINK_PRESETS[self.preset.value]
-            after = scaling_curve(ws, links=[link], **self.kwargs)
-            self.result = pd.concat([self.baseline, after], ignore_index=True)
-            self.image.value = figure_to_png(plot_scaling(
-                self.result, title=f"before: the lab's run; after: {link.describe()}"))
-            best = after[after.world_size == max(ws)]
+            names = list(dict.fromkeys([self.before, self.preset.value]))
+            self.result = scaling_curve(ws, links=[LINK_PRESETS[n] for n in names],
+                                        **self.kwargs)
+            self.image.value = figure_to_png(plot_scaling(self.result, title="; ".join(
+                f"{when}: {LINK_PRESETS[n].describe()}" for when, n in zip(
+                    ("before", "after"), names))))
+            top = self.result[self.result.world_size == max(ws)]
             self.status.value = html.escape("; ".join(
-                f"{r.mode} at {r.world_size} ranks: efficiency {r.efficiency:.2f} "
-                f"[{r.ci_low:.2f}, {r.ci_high:.2f}] ({r.cores})" for r in best.itertuples()))
+                f"{r.mode}, {r.link}, {r.world_size} ranks: efficiency {r.efficiency:.2f} "
+                f"[{r.ci_low:.2f}, {r.ci_high:.2f}] ({r.cores})" for r in top.itertuples()))
             return self.result
         except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
             self.error.value = (f'<div style="color:#b00020;font-weight:bold">'

@@ -17,6 +17,8 @@ DDP, ZeroRedundancyOptimizer and FSDP2 are torch's; nothing here re-implements t
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -164,6 +166,8 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         raise ValueError(f"steps must be >= 2 (one to build the state, then counted), got {steps}")
     if "zero1" in methods and not student_module:
         raise ValueError("method 'zero1' needs student_module (your file's module name)")
+    if student_module and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the student's file sits in the working folder
     student = importlib.import_module(student_module) if student_module else None
     rank = dist.get_rank()
     dev = torch.device(f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu")

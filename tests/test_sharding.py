@@ -278,10 +278,10 @@ def test_plots_and_panel_build():
     rows = pd.DataFrame([{"method": "ddp", "params_bytes": 10, "grads_bytes": 10,
                           "optimizer_bytes": 20, "peak_bytes": 2**20, "peak_label": "RSS"}])
     assert plot_state_bytes(rows).axes[0].get_ylabel() == "model-state KiB on one rank"
-    panel = scaling_panel(table, presets=("1gbe",))
+    panel = scaling_panel("10gbe", presets=("1gbe",))
     assert "perflab-panel" in panel.widget._dom_classes
     with pytest.raises(ValueError, match="unknown link preset"):
-        scaling_panel(table, presets=("carrier-pigeon",))
+        scaling_panel("10gbe", presets=("carrier-pigeon",))
     with pytest.raises(ValueError, match="must be a scaling_table"):
         plot_scaling(pd.DataFrame({"x": [1]}))
     with pytest.raises(ValueError, match="rows need columns"):
