@@ -124,7 +124,10 @@ class MyZero1:
     def __init__(self, params, lr=1e-3, weight_decay=0.01):
         self.params = list(params)
         rank, ws = dist.get_rank(), dist.get_world_size()
-        self.owner = [i % ws for i in range(len(self.params))]
+        load, self.owner = [0] * ws, [0] * len(self.params)
+        for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
+            self.owner[i] = load.index(min(load))    # balanced: largest first
+            load[self.owner[i]] += self.params[i].numel()
         mine = [p for p, r in zip(self.params, self.owner) if r == rank]
         self.local_optimizer = torch.optim.AdamW({mine}, lr=lr, weight_decay=weight_decay)
 
@@ -140,7 +143,12 @@ class MyZero1:
 _BROADCAST = ("        for p, r in zip(self.params, self.owner):\n"
               "            dist.broadcast(p.data, src=r)\n")
 
+_ROUND_ROBIN = _ZERO1_INIT.format(mine="mine", broadcast=_BROADCAST).replace(
+    "self.owner[i] = load.index(min(load))", "self.owner[i] = i % ws")
+
 WRONG = {
+    # round-robin by tensor index puts every weight on rank 0 and every bias on rank 1
+    "round_robin": (_ROUND_ROBIN, _GOOD_COUNTER, {"check_zero1"}),
     # steps its own shard but never sends it: the ranks drift apart from AdamW
     "no_broadcast": (_ZERO1_INIT.format(mine="mine", broadcast=""), _GOOD_COUNTER,
                      {"check_zero1"}),
