@@ -168,7 +168,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor | None, y: torch.Tensor |
                     wait("before_forward")
                 with torch.autocast(x.device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):
                     logits = model(x)                      # (B, num_classes), low precision
-                    loss = F.cross_entropy(logits, y) / accumulation_steps  # fp32 (autocast)
+                    loss = F.cross_entropy(logits, y)      # 0-d fp32 (autocast keeps it)
+                if accumulation_steps > 1:
+                    loss = loss / accumulation_steps       # mean over the micro-batches
             with timer.phase("backward"):
                 if first:
                     wait("before_backward")
