@@ -11,11 +11,18 @@ and the variant, then shows :func:`perflab.plots.plot_comparison` as a PNG, the
 :func:`perflab.measurement.compare_table` of the step times, and the test's verdict.
 The run is synchronous (the kernel is busy, so no other cell competes for the cores
 being measured); errors are shown in the panel, never as a traceback dump.
+
+Nothing is lost to a kernel restart: after every run the panel records which saved
+results it showed (``<results>/panels/<key>.json``, atomically), and a panel built
+again with the same title, baseline and knobs reloads them and shows the last
+comparison at once, saying when it was measured; Run measures again.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import html
+import json
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,7 +32,9 @@ from perflab.config import RunConfig
 from perflab.measurement import compare, compare_table
 from perflab.figures import figure_to_png
 from perflab.plots import plot_comparison
-from perflab.result import RunResult
+from perflab.result import RunResult, default_results_dir
+from perflab.results import load_results
+from perflab.storage import StorageError, write_atomic
 from perflab.timing import Stopwatch
 
 __all__ = ["experiment_panel", "ExperimentPanel"]
@@ -126,8 +135,12 @@ class ExperimentPanel:
 
     def __init__(self, base: RunConfig, knobs: Mapping[str, Any], *,
                  run_fn: RunFn | None = None, baseline: bool = True,
-                 progress: bool = True, title: str | None = None) -> None:
+                 progress: bool = True, title: str | None = None,
+                 reload: bool = True) -> None:
         specs = _validate(base, knobs)
+        self._state_key = hashlib.sha256(json.dumps(
+            [title, base.to_dict(), {k: repr(v) for k, v in specs.items()}, baseline],
+            sort_keys=True, default=repr).encode()).hexdigest()[:16]
         self.base, self._specs, self._run_fn = base, specs, run_fn
         self._baseline_on, self._progress_on = baseline, progress
         self.results: list[RunResult] = []
@@ -168,6 +181,8 @@ class ExperimentPanel:
             W.HBox([self.run_button, self.progress]), self.status, self.error, self.log,
             self.image, self.verdict, self.table])
         self.widget.add_class("perflab-panel")
+        if reload:
+            self._reload()
 
     # -- display --------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: Any):
@@ -256,6 +271,50 @@ class ExperimentPanel:
             self._set_busy(False)
             self._since_end = Stopwatch().start()
 
+    # -- surviving a kernel restart -------------------------------------------------
+    @property
+    def state_path(self):
+        """Where this panel records the saved results it showed last."""
+        return default_results_dir() / "panels" / f"{self._state_key}.json"
+
+    def _remember(self, variant: RunResult) -> None:
+        shown = [self.baseline_result, variant] if self._baseline_on else [variant]
+        if not all(r is not None and r.path for r in shown):
+            return  # a run_fn that does not save: nothing to reload later
+        try:
+            write_atomic(self.state_path, json.dumps(
+                {"paths": [r.path for r in shown], "values": {
+                    k: v for k, v in self.values().items()
+                    if isinstance(v, (int, float, str, bool)) or v is None}}))
+        except StorageError:
+            pass  # the results themselves are saved; only the shortcut is lost
+
+    def _reload(self) -> None:
+        """Show the comparison this panel showed before a kernel restart, if saved."""
+        try:
+            state = json.loads(self.state_path.read_text())
+            shown = load_results(state["paths"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if len(shown) != (2 if self._baseline_on else 1):
+            return
+        for name, value in state.get("values", {}).items():
+            ctl = self.controls.get(name)
+            if isinstance(ctl, W.Dropdown):
+                i = _find([o[1] for o in ctl.options], value)
+                if i is not None:
+                    ctl.index = i
+            elif ctl is not None and isinstance(value, int) and ctl.min <= value <= ctl.max:
+                ctl.value = value
+        if self._baseline_on:
+            self.baseline_result = shown[0]
+        self.results.extend(shown)
+        self._render(shown)
+        when = shown[-1].created[:16].replace("T", " ")
+        self.status.value = html.escape(
+            f"reloaded the run measured {when} UTC ({shown[-1].path}); press Run to "
+            "measure again")
+
     def _measure(self, config: RunConfig) -> RunResult:
         need_base = self._baseline_on and self.baseline_result is None
         total = 1 + int(need_base)
@@ -266,6 +325,17 @@ class ExperimentPanel:
             self.baseline_result = self._run_one(self.base, 1, total, "baseline")
         variant = self._run_one(config, total, total, "variant")
         shown = [self.baseline_result, variant] if self._baseline_on else [variant]
+        self._render(shown)
+        saved = f"; saved {variant.path}" if variant.path else ""
+        self.status.value = html.escape(f"done: {variant.label!r} "
+                                        f"{variant.samples_per_s:,.1f} samples/s{saved}")
+        self.progress.bar_style = "success"
+        self._remember(variant)
+        return variant
+
+    def _render(self, shown: list[RunResult]) -> None:
+        """Plot, table and verdict of ``shown`` (baseline first when there is one)."""
+        variant = shown[-1]
         labels = [r.label for r in shown]
         if len(labels) == 2 and labels[0] == labels[1]:
             labels[0] += " (baseline)"
@@ -280,16 +350,12 @@ class ExperimentPanel:
                                   "or measure more steps" if noisy else ""))
         else:
             self.verdict.value = "baseline=False: no baseline to compare against"
-        saved = f"; saved {variant.path}" if variant.path else ""
-        self.status.value = html.escape(f"done: {variant.label!r} "
-                                        f"{variant.samples_per_s:,.1f} samples/s{saved}")
-        self.progress.bar_style = "success"
-        return variant
 
 
 def experiment_panel(base: RunConfig, knobs: Mapping[str, Any], *,
                      run_fn: RunFn | None = None, baseline: bool = True,
-                     progress: bool = True, title: str | None = None) -> ExperimentPanel:
+                     progress: bool = True, title: str | None = None,
+                     reload: bool = True) -> ExperimentPanel:
     """A before/after experiment panel: knob controls, a Run button, plot and table.
 
     Args:
@@ -301,6 +367,8 @@ def experiment_panel(base: RunConfig, knobs: Mapping[str, Any], *,
         baseline: run ``base`` once (cached across clicks) and compare against it.
         progress: passed to ``run_fn``: tqdm's per-step bar, shown inside the panel.
         title: heading of the panel (default "Experiment").
+        reload: show this panel's last comparison (same title, baseline and knobs)
+            from the saved results, e.g. after a kernel restart; Run measures again.
 
     Raises:
         TypeError: ``base`` is not a RunConfig.
@@ -308,4 +376,4 @@ def experiment_panel(base: RunConfig, knobs: Mapping[str, Any], *,
             base value is not one of its choices / not on its slider.
     """
     return ExperimentPanel(base, knobs, run_fn=run_fn, baseline=baseline,
-                           progress=progress, title=title)
+                           progress=progress, title=title, reload=reload)

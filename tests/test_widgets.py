@@ -179,3 +179,39 @@ def test_invalid_combination_shown_in_status_and_nothing_runs():
     assert "num_workers" in panel.error.value
     with pytest.raises(ValueError, match="num_workers"):
         panel.run(raise_errors=True)
+
+
+class SavingRun(FakeRun):
+    """A fake run that saves its result, as perflab.run does."""
+
+    def __call__(self, config: RunConfig, *, progress: bool = True) -> RunResult:
+        return super().__call__(config, progress=progress).save()
+
+
+def test_a_rebuilt_panel_reloads_its_last_comparison_instead_of_rerunning(results_dir):
+    first = make(SavingRun())
+    first.controls["num_workers"].value = 2
+    shown = first.run()
+    assert first.state_path.is_file() and first.state_path.parent == results_dir / "panels"
+
+    fake = SavingRun()                                # the kernel restarted: a new panel
+    again = make(fake)
+    assert fake.configs == []                         # nothing re-ran
+    assert again.baseline_result.path == first.baseline_result.path
+    assert [r.path for r in again.results] == [first.baseline_result.path, shown.path]
+    assert again.controls["num_workers"].value == 2   # the knobs it was run with
+    assert bytes(again.image.value).startswith(PNG) and "faster" in again.verdict.value
+    assert "reloaded the run measured" in again.status.value and shown.path in again.status.value
+    again.controls["num_workers"].value = 1
+    again.run()
+    assert [c.num_workers for c in fake.configs] == [1]   # the reloaded baseline is reused
+
+
+def test_reload_only_matches_the_same_panel_and_survives_a_broken_record(results_dir):
+    panel = make(SavingRun())
+    panel.run()
+    assert make(SavingRun(), title="another panel").results == []
+    assert make(SavingRun(), reload=False).results == []
+    panel.state_path.write_text("{not json")
+    fresh = make(SavingRun())
+    assert fresh.results == [] and fresh.status.value == "ready"

@@ -1,0 +1,205 @@
+"""``perflab.results``: list, load, compare and re-plot the results already saved.
+
+Every :func:`perflab.run` (and every round, sweep point, rank and ladder rung) writes a
+``RunResult`` JSON under the results folder the moment it is measured; this module
+reads them back, so a kernel restart or a closed terminal loses nothing::
+
+    from perflab import list_results, load_results, compare_results, plot_results
+    list_results()                                 # a table, newest last
+    a, b = load_results(["results/...-a.json", "results/...-b.json"])
+    compare_results([a, b])                        # step-time table with 95 % CIs
+    plot_results([a, b])                           # the lab's before/after figure
+
+The same from a shell: ``perflab results`` (list), ``perflab results show FILE``,
+``perflab results compare A B ...``, ``perflab results plot A B ... --out fig.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from perflab.config import RunConfig
+from perflab.measurement import compare_table
+from perflab.plots import plot_comparison
+from perflab.result import RunResult, default_results_dir
+
+__all__ = ["list_results", "load_results", "find_saved", "compare_results", "plot_results",
+           "RESULT_COLUMNS"]
+
+#: Columns of :func:`list_results`.
+RESULT_COLUMNS = ("created", "label", "rank", "device", "step_ms", "samples_per_s",
+                  "peak_mem_gib", "path")
+
+
+def _json_files(where: str | Path | Sequence[str | Path] | None) -> list[Path]:
+    """The result files named by ``where`` (folders are searched recursively)."""
+    if where is None:
+        where = [default_results_dir()]
+    elif isinstance(where, (str, Path)):
+        where = [where]
+    files: list[Path] = []
+    for item in where:
+        p = Path(item).expanduser()
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*.json") if not f.name.startswith("."))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"{p} is neither a result file nor a folder; list the "
+                                    "saved results with `perflab results`")
+    return files
+
+
+def _read(path: Path) -> RunResult | str:
+    """The result in ``path``, or why it is not one."""
+    try:
+        return RunResult.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def list_results(where: str | Path | Sequence[str | Path] | None = None) -> pd.DataFrame:
+    """A table of the saved results in ``where`` (folders searched recursively).
+
+    Args:
+        where: a folder, a file, or a list of them; None -> the results folder
+            (:func:`perflab.default_results_dir`).
+
+    Returns:
+        One row per result, oldest first, columns :data:`RESULT_COLUMNS` (step time in
+        ms (median), throughput in samples/s, peak memory in GiB). Files that are not
+        perflab results (other JSON, another schema) are left out and listed, with the
+        reason, in ``table.attrs["skipped"]``.
+
+    Raises:
+        FileNotFoundError: a path in ``where`` does not exist.
+    """
+    rows, skipped = [], {}
+    for path in _json_files(where):
+        r = _read(path)
+        if isinstance(r, str):
+            skipped[str(path)] = r
+            continue
+        rows.append({"created": r.created, "label": r.label, "rank": r.rank,
+                     "device": r.env.get("device"), "step_ms": r.step.median * 1e3,
+                     "samples_per_s": r.samples_per_s, "peak_mem_gib": r.peak_mem_gib,
+                     "path": str(path)})
+    table = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+    table = table.sort_values("created", kind="stable").reset_index(drop=True)
+    table.attrs["skipped"] = skipped
+    return table
+
+
+def load_results(where: str | Path | Sequence[str | Path]) -> list[RunResult]:
+    """Load the results named by ``where`` (files, or folders searched recursively),
+    in the order given (files within a folder: by name, i.e. by time).
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: a file is not a perflab result (names the file and why).
+    """
+    out = []
+    for path in _json_files(where):
+        r = _read(path)
+        if isinstance(r, str):
+            raise ValueError(f"{path} is not a perflab result ({r})")
+        out.append(r)
+    return out
+
+
+def find_saved(config: RunConfig, where: str | Path | None = None, *,
+               device: str | None = None) -> RunResult | None:
+    """The newest saved single-process result of exactly ``config``, or None.
+
+    Args:
+        config: compared field by field (``RunConfig.to_dict``), label included.
+        where: folder to search (non-recursive); None -> the results folder.
+        device: only results measured on this device (``env["device"]``, e.g. "cpu");
+            None -> ``str(config.resolved_device())``.
+    """
+    folder = Path(where) if where is not None else default_results_dir()
+    if not folder.is_dir():
+        return None
+    want = config.to_dict()
+    dev = device or str(config.resolved_device())
+    for path in sorted(folder.glob("*.json"), reverse=True):
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (isinstance(d, dict) and d.get("config") == want and d.get("rank") is None
+                and d.get("env", {}).get("device") == dev):
+            r = _read(path)
+            if isinstance(r, RunResult):
+                return r
+    return None
+
+
+def _results(items: Sequence[RunResult | str | Path]) -> list[RunResult]:
+    out = []
+    for it in items:
+        out += [it] if isinstance(it, RunResult) else load_results(it)
+    if not out:
+        raise ValueError("no results given: pass RunResults or paths of saved results")
+    return out
+
+
+def compare_results(items: Sequence[RunResult | str | Path], *,
+                    baseline: int = 0) -> pd.DataFrame:
+    """:func:`perflab.compare_table` of the step times of saved (or in-memory) results.
+
+    Raises:
+        ValueError: no results, or one with fewer than 2 measured steps.
+    """
+    results = _results(items)
+    return compare_table([r.step.relabel(r.label) for r in results], baseline=baseline)
+
+
+def plot_results(items: Sequence[RunResult | str | Path], title: str | None = None):
+    """The labs' before/after figure (:func:`perflab.plot_comparison`) of saved results."""
+    return plot_comparison(_results(items), title=title)
+
+
+# -- command line: `perflab results ...` ----------------------------------------------------
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    """Add ``perflab results`` to the CLI's subcommands."""
+    p = sub.add_parser("results", help="list, show, compare and re-plot saved results")
+    p.add_argument("action", nargs="?", default="list",
+                   choices=("list", "show", "compare", "plot"),
+                   help="list (default), show FILE, compare FILES, plot FILES --out PNG")
+    p.add_argument("paths", nargs="*", help="result files or folders (default for list: "
+                   "the results folder)")
+    p.add_argument("--out", help="plot: where to write the PNG (default: comparison.png)")
+    p.set_defaults(fn=cmd_results)
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    """Run ``perflab results``; returns the exit status."""
+    paths = args.paths or None
+    if args.action == "list":
+        table = list_results(paths)
+        if table.empty:
+            print(f"no saved results in {', '.join(map(str, paths or [default_results_dir()]))}")
+        else:
+            print(table.drop(columns=["path"]).round(2).to_string())
+            print(f"\n{len(table)} results; files: `perflab results show <path>`; newest: "
+                  f"{table.path.iloc[-1]}")
+        for path, why in table.attrs["skipped"].items():
+            print(f"skipped {path}: {why}")
+        return 0
+    if not paths:
+        raise ValueError(f"`perflab results {args.action}` needs result files or folders")
+    if args.action == "show":
+        for r in load_results(paths):
+            print(f"{r.path}\n{r!r}\n{r.phase_table().round(2).to_string()}\n")
+    elif args.action == "compare":
+        print(compare_results(paths).round(3).to_string(index=False))
+    else:
+        out = Path(args.out or "comparison.png")
+        plot_results(paths).savefig(out, dpi=100)
+        print(f"wrote {out}")
+    return 0
