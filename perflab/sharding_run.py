@@ -63,15 +63,21 @@ def mlp(sizes: Sequence[int], seed: int = 0) -> torch.nn.Sequential:
 def mlp_batches(sizes: Sequence[int], batch: int, steps: int, rank: int, seed: int = 0
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``steps`` fixed batches for one rank: ``x (batch, sizes[0])`` float32, ``y (batch,)``
-    int64 class labels. Rank r's batches are rows ``[r*batch, (r+1)*batch)`` of the global
-    batch, so world_size ranks together see the same data as one process with
-    ``world_size * batch`` rows (:func:`unsharded_adamw`)."""
-    g = torch.Generator().manual_seed(seed + 1)
+    int64 class labels, drawn from a generator seeded by (seed, step, rank). World_size
+    ranks together see the rows that :func:`unsharded_adamw` concatenates into one global
+    batch of ``world_size * batch`` rows.
+
+    Raises:
+        ValueError: batch or steps < 1, or rank < 0.
+    """
+    if batch < 1 or steps < 1 or rank < 0:
+        raise ValueError(f"batch and steps must be >= 1 and rank >= 0, got batch={batch}, "
+                         f"steps={steps}, rank={rank}")
     out = []
-    for _ in range(steps):
-        x = torch.randn(64 * batch, sizes[0], generator=g)
-        y = torch.randint(0, sizes[-1], (64 * batch,), generator=g)
-        out.append((x[rank * batch:(rank + 1) * batch], y[rank * batch:(rank + 1) * batch]))
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1_000_003 * seed + 1_009 * step + rank + 1)
+        out.append((torch.randn(batch, sizes[0], generator=g),
+                    torch.randint(0, sizes[-1], (batch,), generator=g)))
     return out
 
 

@@ -188,3 +188,38 @@ def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch):
     for gid in ("check_state_bytes", "check_zero1"):
         ns = {"small2": ranks, "zero1_student": student, "mlp": mlp, "torch": torch}
         assert _judge_with_probe(gid, ns) == (gid not in failing), (name, gid)
+
+
+@slow
+@pytest.mark.xfail(reason="the grading sandbox (perflab.course.sandbox._bwrap_argv) has no "
+                   "writable /dev/shm, so multiprocessing's semaphores and with them "
+                   "launch_fn fail inside it (Lab 06's launches too); with '--perms 1777 "
+                   "--tmpfs /dev/shm' added to the bwrap argv this test passes (12/12)",
+                   strict=False)
+def test_lab09_graded_in_the_sandbox(tmp_path):
+    """The real Lab 09 graded as a submission: the %%writefile answer is written in the
+    sandbox's scratch folder and imported by the spawned ranks; the reference gets full
+    marks, a ZeRO-1 that never broadcasts loses check_zero1 and nothing before it."""
+    import shutil
+
+    from perflab.course.grading import Limits, grade_submissions
+
+    ref, subs = tmp_path / "reference", tmp_path / "subs"
+    ref.mkdir()
+    shutil.copy(LAB, ref / LAB.name)
+    (subs / "ref").mkdir(parents=True)
+    shutil.copy(LAB, subs / "ref" / LAB.name)
+    nb = nbformat.read(str(LAB), as_version=4)
+    for c in nb.cells:
+        if c.metadata.get("nbgrader", {}).get("grade_id") == "zero1_file":
+            c.source = c.source.replace("dist.broadcast(p.data, src=r)", "pass")
+    (subs / "wrong").mkdir()
+    nbformat.write(nb, str(subs / "wrong" / LAB.name))
+    grades = {g.student: g for g in grade_submissions(
+        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=1200), jobs=2)}
+    g = grades["ref"]
+    assert g.points == g.max_points > 0, [(c.grade_id, c.message) for c in g.checks
+                                          if c.status != "passed"]
+    wrong = {c.grade_id: c for c in grades["wrong"].checks}
+    assert wrong["check_zero1"].status == "failed" and wrong["check_zero1"].points == 0
+    assert wrong["check_state_bytes"].status == "passed"

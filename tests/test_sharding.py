@@ -140,6 +140,8 @@ def test_ranks_together_see_the_global_batch():
     assert torch.equal(mlp(SIZES)[0].weight, mlp(SIZES)[0].weight)  # seeded
     with pytest.raises(ValueError, match="sizes must list >= 2"):
         mlp([4])
+    with pytest.raises(ValueError, match="batch and steps must be >= 1"):
+        mlp_batches(SIZES, 0, 2, 0)
 
 
 def test_unsharded_reference_is_deterministic():
