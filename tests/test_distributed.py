@@ -69,12 +69,14 @@ def test_launch_fn_returns_by_rank_even_with_the_default_port_busy():
     assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
-def test_a_rank_that_raises_is_named_within_30_s_and_nothing_is_left():
+def test_a_rank_that_raises_is_named_at_once_and_nothing_is_left():
     before = _rank_children()
     with Stopwatch() as sw:
         with pytest.raises(RankFailedError) as info:
-            launch_fn(faults.raise_on_rank, 2, args=(1, "boom at step 3"))
-    assert sw.elapsed_s < 30
+            launch_fn(faults.raise_on_rank, 2, args=(1, "boom at step 3"), timeout_s=600)
+    # found at the agent's next poll, not by the 600 s watchdog (the bound leaves room for
+    # two ranks importing torch on a loaded 2-core machine: 45 s measured)
+    assert sw.elapsed_s < 180
     msg = str(info.value)
     assert msg.startswith("rank 1 raised ZeroDivisionError: boom at step 3"), msg
     assert info.value.rank == 1
@@ -86,7 +88,7 @@ def test_a_hung_rank_is_stopped_by_the_timeout_and_every_rank_reaped():
     with Stopwatch() as sw:
         with pytest.raises(LaunchTimeoutError) as info:
             launch_fn(faults.hang_on_rank, 2, args=(0,), timeout_s=3)
-    assert sw.elapsed_s < 30
+    assert sw.elapsed_s < 3 + 60     # stopped by the ranks' watchdog, before the backstop
     assert "timeout_s=3" in str(info.value)
     assert "hang_on_rank" in str(info.value)  # the hung rank's stack is in the message
     assert info.value.ranks == [0, 1]  # the hung rank and the one waiting for it
@@ -112,7 +114,7 @@ def test_innermost_frame_reads_the_main_thread_of_a_dump():
     (dict(fn=_nested(), world_size=2), "module-level function"),
     (dict(fn=lambda: 1, world_size=2), "module-level function"),
     (dict(fn=faults.rank_and_sum, world_size=0), "world_size must be an int >= 1"),
-    (dict(fn=faults.rank_and_sum, world_size=2, timeout_s=0), "timeout_s must be > 0"),
+    (dict(fn=faults.rank_and_sum, world_size=2, timeout_s=0), "timeout_s must be a finite"),
     (dict(fn=faults.rank_and_sum, world_size=2, threads_per_rank=0), "threads_per_rank"),
     (dict(fn=faults.rank_and_sum, world_size=2, backend="mpi"), "backend must be"),
     (dict(fn=faults.rank_and_sum, world_size=64, backend="nccl"), "one GPU per rank"),

@@ -21,7 +21,7 @@ Faults (STYLE: failure paths are tested with deliberate faults, see
 * a rank that hangs: a watchdog thread in every rank dumps all threads' stacks
   (``faulthandler``) and exits once ``timeout_s`` has passed; the launcher raises
   :class:`LaunchTimeoutError`. A second timer in the launching process kills any rank
-  still alive 15 s later, so no process is left behind either way;
+  still alive ``_BACKSTOP_S`` later, so no process is left behind either way;
 * a rank killed without a Python exception (SIGKILL from the out-of-memory killer, a
   segfault) is named as the cause, not its peers' "connection closed" errors, with the
   cgroup's OOM-kill count when the kernel exposes it;
@@ -59,8 +59,10 @@ __all__ = ["launch_fn", "RankFailedError", "LaunchTimeoutError", "default_backen
 TIMEOUT_EXIT_CODE = 124
 #: Seconds the agent waits after SIGTERM before SIGKILL when stopping ranks.
 _SHUTDOWN_S = 3
-#: Extra seconds the launching process waits before killing ranks itself.
-_BACKSTOP_S = 15.0
+#: Extra seconds the launching process waits before killing ranks itself (counted from
+#: the launch, so it includes the ranks' start-up: importing torch can take 15 s or more
+#: on a loaded 2-core machine, before a rank's own watchdog is even running).
+_BACKSTOP_S = 60.0
 #: How often a rank checks that the process that launched it is still alive (seconds).
 _PARENT_POLL_S = 0.5
 #: Text of the errors a rank raises when a peer vanished: effects, never the cause.
@@ -309,7 +311,13 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     # Ctrl-C / kernel interrupt stops every rank); put the caller's back afterwards, so a
     # notebook kernel's own SIGTERM/SIGINT handling is unchanged once launch_fn returns
     saved_signals = _save_signals(config.signals_to_handle)
-    backstop = threading.Timer(timeout_s + _BACKSTOP_S, _kill_new_children, (before,))
+    backstop_fired = threading.Event()
+
+    def backstop_kill() -> None:
+        backstop_fired.set()
+        _kill_new_children(before)
+
+    backstop = threading.Timer(timeout_s + _BACKSTOP_S, backstop_kill)
     backstop.daemon = True
     backstop.start()
     try:
@@ -317,6 +325,13 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
                                                   threads_per_rank, err_dir, pin_cores,
                                                   os.getpid())
     except ChildFailedError as e:
+        if backstop_fired.is_set():
+            raise LaunchTimeoutError(
+                f"ranks still running {timeout_s + _BACKSTOP_S:g} s after the launch "
+                f"(timeout_s={timeout_s:g} s plus {_BACKSTOP_S:g} s for start-up); the "
+                "launcher killed them all. A rank's own watchdog did not fire: were the "
+                "ranks still starting (a heavily loaded machine)?",
+                list(range(world_size))) from None
         raise _failure(e, err_dir, world_size, timeout_s, oom_before) from None
     finally:
         backstop.cancel()
