@@ -348,3 +348,14 @@ def test_a_diverging_run_warns():
     with pytest.warns(RuntimeWarning, match=r"loss became nan at step 2 \(training "
                                             r"diverged\): lower lr \(now 50\)"):
         _warn_diverged(bad)
+
+
+def test_perflab_data_with_a_file_as_root_is_an_error_not_a_traceback(tmp_path, capsys):
+    from perflab.cli import main
+
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    assert main(["data", "--root", str(f), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "perflab data: error: root=" in err and "is a file, not a folder" in err
+    assert "Traceback" not in err
