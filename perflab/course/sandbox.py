@@ -140,7 +140,10 @@ def _bwrap_argv(uid: int | None = None) -> list[str]:
         ns = ["--unshare-all"]
     argv = [shutil.which("bwrap") or "bwrap", *ns, "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--perms", "1777", "--tmpfs", "/tmp"]
+            "--perms", "1777", "--tmpfs", "/tmp",
+            # multiprocessing's semaphores (and with them launch_fn's ranks) need a
+            # writable /dev/shm; bwrap's --dev makes it root-owned 0755
+            "--perms", "1777", "--tmpfs", "/dev/shm"]
     # /tmp is always a fresh tmpfs; as root /root and /home are too. What the notebook
     # needs under them (a checkout or venv in /tmp, as in a CI clone) is bound back.
     private = [Path("/tmp").resolve()]
