@@ -7,7 +7,10 @@ capability only suggest. :func:`measure_roofline` measures it, in a few seconds:
 * **compute roofs**: a square ``n x n @ n x n`` matmul (2 n^3 FLOPs) per dtype (fp32,
   bf16, fp16, where the device runs them), timed with ``torch.utils.benchmark.Timer``
   (PyTorch's micro-benchmark timer: syncs the device, autoranges, runs at the current
-  thread count). ``n`` doubles from 256 while one call takes under 10 ms (up to 1024
+  thread count); the roof is the best block (a roof is what the hardware reaches, and
+  the best block is the least disturbed by other programs), flagged ``noisy`` when the
+  blocks' IQR exceeds 10 % of their median (torch.utils.benchmark's own warning). ``n``
+  doubles from 256 while one call takes under 10 ms (up to 1024
   on a CPU, 8192 on a GPU), so an emulated dtype is measured small instead of taking
   seconds per call;
 * **memory roof**: a large ``dst.copy_(src)`` (64 MiB on a CPU, 1 GiB on a GPU: larger
@@ -56,12 +59,15 @@ class MatmulRoof:
             device does not run this dtype (see ``note``).
         n: the matrix side measured (0 when not measured).
         note: why it was not measured ("" when it was).
+        noisy: the timed blocks' IQR exceeded 10 % of their median (other programs
+            competed for the device: the rate may be understated).
     """
 
     dtype: str
     gflops: float | None
     n: int
     note: str = ""
+    noisy: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,12 +145,15 @@ class Roofline:
         kind = "GPU" if self.device.startswith("cuda") else self.device.split(":")[0].upper()
         head = (f"{dtype} matmul runs at {r:.2g}x of fp32 here ({_g(roof.gflops)} vs "
                 f"{_g(self.gflops('fp32'))} GFLOP/s)")
+        caveat = ("" if not (roof.noisy or self.roof("fp32").noisy) else
+                  " (noisy measurement: other programs competed for the cores; re-run "
+                  "`perflab doctor` on a quiet machine to confirm)")
         if r >= ACCELERATED_RATIO:
-            return f"{head}: this {kind}'s {dtype} path is accelerated"
+            return f"{head}: this {kind}'s {dtype} path is accelerated{caveat}"
         if r >= 1 / ACCELERATED_RATIO:
             return (f"{head}: about fp32's speed, so {dtype} saves memory and bandwidth "
-                    "but no matmul time")
-        return f"{head}: this {kind}'s {dtype} path is not accelerated"
+                    f"but no matmul time{caveat}")
+        return f"{head}: this {kind}'s {dtype} path is not accelerated{caveat}"
 
     def table(self) -> list[dict]:
         """One row per dtype: dtype, gflops, ratio_to_fp32, n, ridge_flops_per_byte."""
@@ -162,7 +171,8 @@ class Roofline:
             ratio = self.ratio(r.dtype)
             rel = "" if r.dtype == "fp32" or ratio is None else f", {ratio:.2g}x fp32"
             rows.append(f"  {r.dtype:<6}  matmul {_g(r.gflops)} GFLOP/s (n={r.n}{rel}; ridge "
-                        f"{self.ridge_flops_per_byte(r.dtype):,.1f} FLOP/byte)")
+                        f"{self.ridge_flops_per_byte(r.dtype):,.1f} FLOP/byte)"
+                        + ("  noisy" if r.noisy else ""))
         return "\n".join(rows)
 
 
@@ -228,7 +238,9 @@ def measure_matmul(device: str | torch.device = "cpu", dtype: str = "fp32") -> M
     except RuntimeError as e:  # a dtype this device's kernels do not implement
         _MATMUL[key] = MatmulRoof(dtype, None, 0, f"{type(e).__name__}: {str(e)[:80]}")
         return _MATMUL[key]
-    _MATMUL[key] = MatmulRoof(dtype, 2 * n ** 3 / m.median / 1e9, n)
+    best_s = min(m.times)  # per-call seconds of the least disturbed block
+    _MATMUL[key] = MatmulRoof(dtype, 2 * n ** 3 / best_s / 1e9, n,
+                              noisy=m.iqr > 0.1 * m.median)
     return _MATMUL[key]
 
 
@@ -248,7 +260,7 @@ def measure_bandwidth(device: str | torch.device = "cpu") -> tuple[float, int]:
         t = _timer("dst.copy_(src)", dst=dst, src=src)
         t.timeit(1)
         m = t.blocked_autorange(min_run_time=_MIN_RUN_S)
-        _BANDWIDTH[key] = (2 * src.numel() / m.median / 1e9, mib)
+        _BANDWIDTH[key] = (2 * src.numel() / min(m.times) / 1e9, mib)
         del src, dst
     return _BANDWIDTH[key]
 

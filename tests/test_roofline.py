@@ -47,6 +47,16 @@ def test_explain_says_what_the_measurement_shows():
     assert "copy 10.0 GB/s" in text and "fp16    not measured: not run here" in text
 
 
+def test_a_noisy_roof_says_so():
+    roof = _roof(bf16=30.0)
+    noisy = Roofline(device="cpu", device_name="test", threads=2,
+                     matmul=(MatmulRoof("fp32", 100.0, 256, noisy=True), *roof.matmul[1:]),
+                     bandwidth_gb_s=10.0, copy_mib=64)
+    assert "noisy measurement" not in roof.explain("bf16")
+    assert "noisy measurement: other programs competed" in noisy.explain("bf16")
+    assert "FLOP/byte)  noisy" in repr(noisy)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: _roof().roof("fp8"), "dtype must be one of"),
     (lambda: _roof().attainable_gflops("fp32", 0.0), "flops_per_byte must be > 0"),
