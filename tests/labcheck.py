@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from perflab.course.checks import run_judge, split_check
+from perflab.course.checks import JudgeResult, run_judge, split_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,10 @@ class Lab:
         """Run the check's probe in ``ns`` and its judge on the facts (JSON round trip)."""
         check = split_check(self.cells[check_gid])
         if check.probe.strip():
-            exec(compile(check.probe, f"<probe {check_gid}>", "exec"), ns)
+            try:
+                exec(compile(check.probe, f"<probe {check_gid}>", "exec"), ns)
+            except Exception as e:  # noqa: BLE001 - in grading a probe that raises fails
+                return JudgeResult(False, f"the probe raised {type(e).__name__}: {e}")
         facts = {n: ns[n] for n in check.names if n in ns}
         facts = json.loads(json.dumps(facts, default=lambda o: o.tolist() if hasattr(o, "tolist")
                                       else sorted(o) if isinstance(o, (set, frozenset))

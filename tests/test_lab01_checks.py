@@ -260,6 +260,9 @@ CASES = [("my_step_timer", "check_step_timer", WRONG_TIMERS),
          ("my_no_sync_loop", "check_no_hidden_sync", WRONG_LOOPS),
          ("my_pipeline_profile", "check_pipeline_profile", WRONG_PIPELINES)]
 
+#: The checks whose wrong answers run here (tests/test_grading_checks.py reads it).
+CHECKS_TESTED = [c for _, c, _ in CASES]
+
 
 @pytest.mark.parametrize("answer, check", [(a, c) for a, c, _ in CASES])
 def test_reference_answer_passes(ns, answer, check):
