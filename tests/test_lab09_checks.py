@@ -191,11 +191,6 @@ def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch):
 
 
 @slow
-@pytest.mark.xfail(reason="the grading sandbox (perflab.course.sandbox._bwrap_argv) has no "
-                   "writable /dev/shm, so multiprocessing's semaphores and with them "
-                   "launch_fn fail inside it (Lab 06's launches too); with '--perms 1777 "
-                   "--tmpfs /dev/shm' added to the bwrap argv this test passes (12/12)",
-                   strict=False)
 def test_lab09_graded_in_the_sandbox(tmp_path):
     """The real Lab 09 graded as a submission: the %%writefile answer is written in the
     sandbox's scratch folder and imported by the spawned ranks; the reference gets full
