@@ -169,8 +169,8 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
 
     Raises:
         ValueError: unknown rung or size, rounds < 1, alpha outside (0, 1), a config
-            RunConfig rejects, or an ``out_dir`` that cannot be written -- all before any
-            measurement.
+            RunConfig rejects, an ``out_dir`` that cannot be written or already holds a
+            ladder -- all before any measurement.
         KeyboardInterrupt: after printing what was saved and how to resume.
     """
     check_size(size)
@@ -188,6 +188,10 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         out = check_writable(Path(out_dir) if out_dir else default_results_dir() / "ladder"
                              / stamp, field="out_dir")
+        if _saved is None and (out / _STATE).exists():
+            raise ValueError(f"out_dir={str(out)!r} already holds a ladder ({_STATE}); "
+                             f"finish it with `perflab ladder --resume {out}` "
+                             "(resume_climb) or pass a new folder")
         state = dict(config=config.to_dict(), size=size, rungs=list(rungs), skip=list(skip),
                      rounds=rounds, alpha=alpha, search=search, max_trials=max_trials)
         write_atomic(out / _STATE, json.dumps(state, indent=1))

@@ -239,9 +239,16 @@ def test_interrupted_ladder_resumes_from_its_saved_runs(tmp_path, capsys):
     assert rebuilt.write_report().is_file() and (tmp_path / "table.csv").is_file()
 
 
-def test_resume_needs_a_ladder_folder(tmp_path):
+def test_resume_needs_a_ladder_folder_and_a_new_climb_a_new_one(tmp_path):
     with pytest.raises(ValueError, match="holds no ladder.json"):
         resume_climb(tmp_path)
+    climb(_tiny(), rungs=["amp"], rounds=1, progress=False, out_dir=tmp_path,
+          run_fn=FakeRuns())
+    fake = FakeRuns()
+    with pytest.raises(ValueError, match="already holds a ladder .*--resume"):
+        climb(_tiny(), rungs=["amp"], rounds=1, progress=False, out_dir=tmp_path,
+              run_fn=fake)
+    assert fake.calls == []
 
 
 def test_report_files_and_text(tmp_path):
