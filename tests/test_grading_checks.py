@@ -31,7 +31,6 @@ _LIVE = [[0.05] * 10, [0.1] * 10]
 _KNOBS = {"storage_latency_ms": 5.0, "compute_only": False, "model": "resnet18",
           "image_size": 64, "batch_size": 32, "amp": "off", "device": "cpu", "dataset": "d",
           "seed": 0, "decoded_cache": "off", "device_prefetch": False, "num_workers": 0}
-_STEP = {"data": [.1, .1], "forward": [.2, .2], "backward": [.3, .3], "optimizer": [.1, .1]}
 _ZERO = [[11_000_000, n, zero_memory(11_000_000, n, stage=2).total_bytes] for n in (8, 1)]
 
 #: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)])
@@ -40,19 +39,6 @@ FACTS = {
                                     [({"got": [3.2, 32.0, 80.0]}, False)]),
     ("00", "check_throughput"): ({"facts": {"mine": 320.0, "batch_size": 32, "median_s": 0.1}},
                                  [({"facts": {"mine": 32.0, "batch_size": 32, "median_s": 0.1}}, False)]),
-    ("01", "check_phase_sum"): ({"timed": {**_STEP, "step": [.7, .7]}},
-                                [({"timed": {**_STEP, "step": [.9, .9]}}, False),
-                                 ({"timed": {"data": [.1, .1], "step": [.1, .1]}}, False)]),
-    ("01", "check_throughput"): (
-        {"facts": {"mine": 320.0, "is_float": True, "measured": 320.0, "median_s": .1, "batch_size": 32}},
-        [({"facts": {"mine": 100.0, "is_float": True, "measured": 320.0, "median_s": .1, "batch_size": 32}}, False),
-         ({"facts": {"mine": 321.0, "is_float": True, "measured": 320.0, "median_s": .1, "batch_size": 32}}, True)]),
-    ("01", "check_dominant_phase"): (
-        {"facts": {"mine": "backward", "dominant": "backward", "shares": {"backward": .6}}},
-        [({"facts": {"mine": "data", "dominant": "backward", "shares": {"backward": .6}}}, False)]),
-    ("02", "check_data_wait"): (
-        {"facts": {"mine": .25, "is_float": True, "measured": .25, "data_mean_s": .25, "step_mean_s": 1.0}},
-        [({"facts": {"mine": 25.0, "is_float": True, "measured": .25, "data_mean_s": .25, "step_mean_s": 1.0}}, False)]),
     ("02", "check_fixed_pipeline"): (
         {"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "device_prefetch": True}, "slow_knobs": _KNOBS},
         [({"fixed_knobs": {**_KNOBS, "device_prefetch": True}, "slow_knobs": _KNOBS}, False),
@@ -121,6 +107,10 @@ from test_lab04_checks import FACTS as FACTS_04  # noqa: E402 - their real-answe
 
 FACTS.update(FACTS_03)
 FACTS.update(FACTS_04)
+from test_lab01_checks import CHECKS_TESTED as REAL_01  # noqa: E402 - Labs 01/02: judges
+from test_lab02_checks import CHECKS_TESTED as REAL_02  # noqa: E402 - run on real answers' facts
+#: Checks whose wrong answers run through the real probes in their own test files.
+REAL_ANSWERS = {("01", g) for g in REAL_01} | {("02", g) for g in REAL_02}
 #: Checks with no student answer before them: they check the lab's own machinery.
 NO_ANSWER = {("06", "check_calibration"): {"cal": {"alpha_s": 10e-3, "beta_bytes_per_s": 1e9 / 8,
                                                     "sizes": [2**k for k in range(10, 25, 2)],
@@ -143,7 +133,7 @@ CHECKS = _checks()
 
 
 def test_every_check_has_right_and_wrong_facts():
-    assert set(CHECKS) == set(FACTS) | set(NO_ANSWER)
+    assert set(CHECKS) == set(FACTS) | set(NO_ANSWER) | REAL_ANSWERS
 
 
 @pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
