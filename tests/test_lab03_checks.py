@@ -44,6 +44,9 @@ FACTS = {
         [({"trace_got": {"bf16": [[op, "float32"] for op, _ in _TRACE], "fp16": _FP16_TRACE}}, False),
          ({"trace_got": {"bf16": [r for r in _TRACE if r[0] != "aten._to_copy"],
                          "fp16": _FP16_TRACE}}, False),
+         ({"trace_got": {"bf16": [["aten._to_copy", "float32"], *_TRACE[1:3],  # input dtypes
+                                  ["aten._to_copy", "bfloat16"], *_TRACE[4:]],
+                         "fp16": _FP16_TRACE}}, False),
          ({"trace_got": {"bf16": _TRACE, "fp16": _TRACE}}, True)]),
     ("03", "check_fp32_kind"): ({"facts": {"mine": "loss", "kept": ["aten._log_softmax"]}},
                                 [({"facts": {"mine": "normalization",
