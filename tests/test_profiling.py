@@ -33,7 +33,7 @@ def make_result(data=0.1, forward=0.3, backward=0.4, optimizer=0.1, comm=None, *
     secs = {"data": data, "forward": forward, "backward": backward, "optimizer": optimizer}
     if comm is not None:
         secs["comm"] = comm
-    secs["other"] = 1.0 - sum(secs.values())
+    secs["other"] = max(0.0, 1.0 - sum(secs.values()))  # times are never negative
     secs["step"] = 1.0
     phases = {k: Measurement(label=k, times_s=(v, v), samples_per_step=32)
               for k, v in secs.items()}
@@ -219,3 +219,81 @@ def test_memory_profile_step(tiny_config):
                                 "source"]
     assert len(df) > 0 and (df["mem_usage_mib"] > 0).all()
     assert df["source"].str.contains(".backward()", regex=False).any()
+
+
+# --- Lab 01 support: step_ranges, count_host_syncs, FakeAsyncDevice, tiny_training ---
+
+def test_step_ranges_reads_steps_ranges_and_ops(tmp_path):
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, record_function, schedule
+
+    from perflab import quiet_native_stderr, step_ranges, tiny_training
+
+    parts = tiny_training(batches=3)
+    batches, path = iter(zip(parts.x, parts.y)), tmp_path / "t.json"
+    with quiet_native_stderr(), torch.profiler.profile(
+            activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=0, active=2),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(3):
+            with record_function("forward"):
+                loss = F.cross_entropy(parts.model(next(batches)[0]), parts.y[0])
+            with record_function("backward"):
+                loss.backward()
+            prof.step()
+    steps = step_ranges(str(path), ["forward", "backward"])
+    assert [s["step"] for s in steps] == ["ProfilerStep#1", "ProfilerStep#2"]
+    for s in steps:
+        assert [r["name"] for r in s["ranges"]] == ["forward", "backward"]
+        assert "aten::convolution" in s["ranges"][0]["ops"]
+        assert "aten::convolution_backward" in s["ranges"][1]["ops"]
+
+
+def test_count_host_syncs_counts_item_and_bool():
+    from perflab import count_host_syncs
+
+    x = torch.arange(4.0)
+    with count_host_syncs() as syncs:
+        x.sum().item()
+        bool(x.max() > 1)
+        y = x * 2  # no sync
+    assert syncs.count == 2 and syncs.ops == ["aten._local_scalar_dense"] * 2
+    assert y.shape == (4,)
+
+
+def test_fake_async_device_models_launch_queue_and_cold_call():
+    from perflab import FakeAsyncDevice
+
+    dev = FakeAsyncDevice(work_s=0.004, launch_s=0.001, cold_s=0.1)
+    dev.step()                       # cold: queues 0.1 s, returns after 0.001 s
+    assert dev.clock() == pytest.approx(0.001)
+    dev.sync()
+    assert dev.clock() == pytest.approx(0.101)
+    t = dev.clock(); dev.step(); dev.sync()
+    assert dev.clock() - t == pytest.approx(0.005) and dev.calls == 2
+    with pytest.raises(ValueError, match="must be >= 0"):
+        FakeAsyncDevice(work_s=-1)
+
+
+def test_tiny_training_is_seeded_and_validates():
+    from perflab import tiny_training
+
+    a, b = tiny_training(seed=3, batches=2), tiny_training(seed=3, batches=2)
+    assert torch.equal(a.x, b.x) and a.x.shape == (2, 8, 3, 16, 16)
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    with pytest.raises(ValueError, match="batches must be >= 1"):
+        tiny_training(batches=0)
+
+
+def test_train_on_batches_times_phases_and_validates():
+    import itertools
+
+    from perflab import tiny_training, train_on_batches
+
+    parts = tiny_training(batches=1)
+    batch = (parts.x[0], parts.y[0])
+    m = train_on_batches(parts.model, parts.optimizer, itertools.repeat(batch), steps=2,
+                         warmup=1, device="cpu", samples_per_step=8)
+    assert m["step"].n == 2 and {"data", "forward", "backward", "optimizer"} <= set(m)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        train_on_batches(parts.model, parts.optimizer, iter([]), steps=0, warmup=0,
+                         device="cpu", samples_per_step=8)
