@@ -17,6 +17,9 @@ import sys
 import typing
 from pathlib import Path
 
+from perflab.results import add_cli as add_results_cli   # light: no torch at import
+from perflab.storage import StorageError
+
 __all__ = ["main", "build_parser", "add_config_flags", "config_from_args", "parse_straggler",
            "run_ranks", "summary_table", "perflab_version", "version_text", "DDP_FIELDS"]
 
@@ -457,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_ladder)
 
+    add_results_cli(sub)
+
     p = sub.add_parser("labs", help="the lab map: each lab's question and its last "
                        "measured run time")
     p.set_defaults(fn=cmd_labs)
@@ -513,6 +518,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"perflab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except StorageError as e:
+        print(f"perflab {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # Everything measured before Ctrl-C was saved as it was measured; say where.
+        from perflab.result import default_results_dir
+
+        print(f"\nperflab {args.command}: interrupted; results measured so far are in "
+              f"{default_results_dir()} (list them with `perflab results`)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

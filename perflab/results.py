@@ -18,14 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
-from perflab.config import RunConfig
-from perflab.measurement import compare_table
-from perflab.plots import plot_comparison
-from perflab.result import RunResult, default_results_dir
+    from perflab.config import RunConfig
+    from perflab.result import RunResult
+
+# torch, pandas and matplotlib are imported inside the functions that use them: the CLI
+# builds its parser (add_cli) for every command, `perflab --version` included, and must
+# start in well under a second.
 
 __all__ = ["list_results", "load_results", "find_saved", "compare_results", "plot_results",
            "RESULT_COLUMNS"]
@@ -35,8 +38,15 @@ RESULT_COLUMNS = ("created", "label", "rank", "device", "step_ms", "samples_per_
                   "peak_mem_gib", "path")
 
 
+#: Folders and files under the results folder that hold other JSON (profiler traces,
+#: panel records, ladder arguments, lab run times): never listed as results.
+_NOT_RESULTS = ("traces", "panels", "ladder.json", "lab_times.json")
+
+
 def _json_files(where: str | Path | Sequence[str | Path] | None) -> list[Path]:
     """The result files named by ``where`` (folders are searched recursively)."""
+    from perflab.result import default_results_dir
+
     if where is None:
         where = [default_results_dir()]
     elif isinstance(where, (str, Path)):
@@ -45,7 +55,8 @@ def _json_files(where: str | Path | Sequence[str | Path] | None) -> list[Path]:
     for item in where:
         p = Path(item).expanduser()
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*.json") if not f.name.startswith("."))
+            files += sorted(f for f in p.rglob("*.json") if not f.name.startswith(".")
+                            and not set(f.relative_to(p).parts) & set(_NOT_RESULTS))
         elif p.is_file():
             files.append(p)
         else:
@@ -54,15 +65,24 @@ def _json_files(where: str | Path | Sequence[str | Path] | None) -> list[Path]:
     return files
 
 
-def _read(path: Path) -> RunResult | str:
-    """The result in ``path``, or why it is not one."""
+def _read(path: Path) -> "RunResult | str | None":
+    """The result in ``path``; why it is not one when it looks like one (a RunResult's
+    keys); None for other JSON (silently not a result)."""
+    from perflab.result import RunResult
+
     try:
-        return RunResult.load(path)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    if not (isinstance(d, dict) and "config" in d and "phases" in d):
+        return None
+    try:
+        return RunResult.from_dict(d, path=str(path))
+    except (ValueError, KeyError, TypeError) as e:
         return f"{type(e).__name__}: {e}"
 
 
-def list_results(where: str | Path | Sequence[str | Path] | None = None) -> pd.DataFrame:
+def list_results(where: str | Path | Sequence[str | Path] | None = None) -> "pd.DataFrame":
     """A table of the saved results in ``where`` (folders searched recursively).
 
     Args:
@@ -78,9 +98,13 @@ def list_results(where: str | Path | Sequence[str | Path] | None = None) -> pd.D
     Raises:
         FileNotFoundError: a path in ``where`` does not exist.
     """
+    import pandas as pd
+
     rows, skipped = [], {}
     for path in _json_files(where):
         r = _read(path)
+        if r is None:
+            continue
         if isinstance(r, str):
             skipped[str(path)] = r
             continue
@@ -94,7 +118,7 @@ def list_results(where: str | Path | Sequence[str | Path] | None = None) -> pd.D
     return table
 
 
-def load_results(where: str | Path | Sequence[str | Path]) -> list[RunResult]:
+def load_results(where: str | Path | Sequence[str | Path]) -> "list[RunResult]":
     """Load the results named by ``where`` (files, or folders searched recursively),
     in the order given (files within a folder: by name, i.e. by time).
 
@@ -105,14 +129,16 @@ def load_results(where: str | Path | Sequence[str | Path]) -> list[RunResult]:
     out = []
     for path in _json_files(where):
         r = _read(path)
-        if isinstance(r, str):
-            raise ValueError(f"{path} is not a perflab result ({r})")
+        if r is None or isinstance(r, str):
+            if isinstance(where, (str, Path)) and Path(where).is_dir() and r is None:
+                continue                              # other JSON in a folder: not asked for
+            raise ValueError(f"{path} is not a perflab result ({r or 'other JSON'})")
         out.append(r)
     return out
 
 
-def find_saved(config: RunConfig, where: str | Path | None = None, *,
-               device: str | None = None) -> RunResult | None:
+def find_saved(config: "RunConfig", where: str | Path | None = None, *,
+               device: str | None = None) -> "RunResult | None":
     """The newest saved single-process result of exactly ``config``, or None.
 
     Args:
@@ -121,6 +147,8 @@ def find_saved(config: RunConfig, where: str | Path | None = None, *,
         device: only results measured on this device (``env["device"]``, e.g. "cpu");
             None -> ``str(config.resolved_device())``.
     """
+    from perflab.result import default_results_dir
+
     folder = Path(where) if where is not None else default_results_dir()
     if not folder.is_dir():
         return None
@@ -134,12 +162,14 @@ def find_saved(config: RunConfig, where: str | Path | None = None, *,
         if (isinstance(d, dict) and d.get("config") == want and d.get("rank") is None
                 and d.get("env", {}).get("device") == dev):
             r = _read(path)
-            if isinstance(r, RunResult):
+            if r is not None and not isinstance(r, str):
                 return r
     return None
 
 
-def _results(items: Sequence[RunResult | str | Path]) -> list[RunResult]:
+def _results(items: Sequence["RunResult | str | Path"]) -> "list[RunResult]":
+    from perflab.result import RunResult
+
     out = []
     for it in items:
         out += [it] if isinstance(it, RunResult) else load_results(it)
@@ -148,19 +178,23 @@ def _results(items: Sequence[RunResult | str | Path]) -> list[RunResult]:
     return out
 
 
-def compare_results(items: Sequence[RunResult | str | Path], *,
-                    baseline: int = 0) -> pd.DataFrame:
+def compare_results(items: Sequence["RunResult | str | Path"], *,
+                    baseline: int = 0) -> "pd.DataFrame":
     """:func:`perflab.compare_table` of the step times of saved (or in-memory) results.
 
     Raises:
         ValueError: no results, or one with fewer than 2 measured steps.
     """
+    from perflab.measurement import compare_table
+
     results = _results(items)
     return compare_table([r.step.relabel(r.label) for r in results], baseline=baseline)
 
 
-def plot_results(items: Sequence[RunResult | str | Path], title: str | None = None):
+def plot_results(items: Sequence["RunResult | str | Path"], title: str | None = None):
     """The labs' before/after figure (:func:`perflab.plot_comparison`) of saved results."""
+    from perflab.plots import plot_comparison
+
     return plot_comparison(_results(items), title=title)
 
 
@@ -179,6 +213,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 def cmd_results(args: argparse.Namespace) -> int:
     """Run ``perflab results``; returns the exit status."""
+    from perflab.result import default_results_dir
+
     paths = args.paths or None
     if args.action == "list":
         table = list_results(paths)

@@ -359,3 +359,18 @@ def test_perflab_data_with_a_file_as_root_is_an_error_not_a_traceback(tmp_path, 
     err = capsys.readouterr().err
     assert "perflab data: error: root=" in err and "is a file, not a folder" in err
     assert "Traceback" not in err
+
+
+def test_ctrl_c_in_a_cli_command_says_where_results_are_and_exits_130(monkeypatch, capsys,
+                                                                      results_dir):
+    import perflab.results as results_mod
+    from perflab.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results_mod, "cmd_results", interrupted)
+    assert main(["results"]) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted; results measured so far are in {results_dir}" in err
+    assert "Traceback" not in err

@@ -33,8 +33,10 @@ def test_list_load_and_skip_what_is_not_a_result(two):
     # one timestamp for both: then by file name ("...-faster.json" < "...-model=tiny...")
     assert list(table.label) == ["faster", "model=tiny bs=8"]
     assert table.step_ms.tolist() == pytest.approx([b.step.median * 1e3, a.step.median * 1e3])
-    assert set(table.attrs["skipped"]) == {str(folder / "notes.json"),
-                                           str(folder / "broken.json")}
+    # other JSON is not a result (silently left out); a broken file is listed with why
+    assert set(table.attrs["skipped"]) == {str(folder / "broken.json")}
+    with pytest.raises(ValueError, match="notes.json is not a perflab result"):
+        load_results(folder / "notes.json")
     assert [r.label for r in load_results([a.path, b.path])] == ["model=tiny bs=8", "faster"]
     with pytest.raises(ValueError, match="broken.json is not a perflab result"):
         load_results(folder)
