@@ -99,9 +99,9 @@ def test_measure_with_fake_clock():
 
 
 def test_measure_argument_errors():
-    with pytest.raises(ValueError, match="warmup must be >= 0"):
+    with pytest.raises(ValueError, match="warmup must be an int >= 0"):
         measure(lambda: None, warmup=-1)
-    with pytest.raises(ValueError, match="repeats must be >= 2"):
+    with pytest.raises(ValueError, match="repeats must be an int >= 2"):
         measure(lambda: None, repeats=1)
 
 
@@ -191,3 +191,48 @@ def test_compare_refuses_what_is_not_a_measurement():
         compare(FakeResult(), m)
     with pytest.raises(ValueError, match="alpha must be a float"):
         compare(m, m, alpha=5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(repeats=2.5), "repeats must be an int >= 2"),
+    (dict(repeats=True), "repeats must be an int >= 2"),
+    (dict(warmup=1.0), "warmup must be an int >= 0"),
+    (dict(number=0), "number must be an int >= 1"),
+])
+def test_measure_refuses_bad_counts_before_running(kwargs, match):
+    calls = []
+    with pytest.raises(ValueError, match=match):
+        measure(lambda: calls.append(1), **kwargs)
+    assert calls == []
+    with pytest.raises(ValueError, match="fn must be a callable"):
+        measure(42)
+
+
+def test_measure_number_batches_calls_and_reports_per_call_time():
+    clock = FakeClock(tick_s=0.001)            # every clock read advances 1 ms
+    calls = []
+    m = measure(lambda: calls.append(1), warmup=1, repeats=4, number=10, clock=clock)
+    assert len(calls) == 50                    # (1 + 4) samples x 10 calls
+    assert m.n == 4 and m.median == pytest.approx(0.001 / 10)   # one tick per sample / 10
+
+
+def test_phase_timer_other_is_never_negative():
+    """Stamps whose phase ends a rounding error after the step (as CUDA events' 0.5 us
+    resolution can): "other" is clamped to 0 instead of a negative time."""
+    from perflab.timing import PhaseTimer
+
+    class Stamps:
+        def __init__(self, values):
+            self.values = list(values)
+
+        def now(self):
+            return self.values.pop(0)
+
+    # per step: step start, phase start, phase end (past the step end), step end
+    one = [0.0, 0.0, 0.30000000000000004, 0.3]
+    timer = PhaseTimer("cpu", clock=Stamps(one * 2))
+    for _ in range(2):
+        with timer.step():
+            with timer.phase("a"):
+                pass
+    assert timer.measurements()["other"].times_s == (0.0, 0.0)
