@@ -29,6 +29,7 @@ _PUBLIC: dict[str, list[str]] = {
     "measurement": ["Comparison", "Measurement", "NOISE_IQR_FRACTION", "compare", "compare_table"],
     "timing": ["Clock", "FakeClock", "PerfCounterClock", "PhaseTimer", "Stopwatch", "measure", "naive_time", "sync"],
     "result": ["PHASES", "RunResult", "default_results_dir", "source_checkout_root"],
+    "spy": ["calls_to"],
     "storage": ["FileLock", "StorageError", "check_writable", "require_free_bytes", "write_atomic", "write_new_json"],
     "labs_index": ["LABS", "Lab", "START_HERE", "lab_map", "lab_times_path", "read_lab_times"],
     "env": ["EnvSummary", "bf16_support", "cpu_flags", "env_summary", "lab_capabilities"],
