@@ -125,7 +125,7 @@ def sweep_loader(config: RunConfig, *, num_workers: Sequence[int] | None = None,
                  prefetch_factor: Sequence[int | None] | None = None,
                  bound: RunResult | None = None, steps: int | None = None,
                  warmup_steps: int | None = None, first_batch: bool = True,
-                 progress: bool = True) -> LoaderSweep:
+                 progress: bool = True, save: bool = True) -> LoaderSweep:
     """Measure every combination of the given DataLoader settings on ``config``.
 
     Each combination is one :func:`perflab.train.run` (warm-up dropped). An axis left
@@ -141,6 +141,8 @@ def sweep_loader(config: RunConfig, *, num_workers: Sequence[int] | None = None,
         first_batch: also time worker start-up and time to first batch
             (:func:`time_first_batch`, one extra loader per row).
         progress: tqdm bars while running.
+        save: save every sweep point (and the bound) the moment it is measured, as
+            :func:`perflab.run` does (False: keep them in memory only).
 
     Returns:
         A :class:`LoaderSweep` whose ``table`` has columns label, num_workers,
@@ -158,10 +160,10 @@ def sweep_loader(config: RunConfig, *, num_workers: Sequence[int] | None = None,
                                                  persistent_workers, prefetch_factor)]
     if bound is None:
         bound = run(config.replace(label="", compute_only=True, **sized), progress=progress,
-                    save=False)
+                    save=save)
     results, rows = [], []
     for c in configs:
-        r = run(c, progress=progress, save=False)
+        r = run(c, progress=progress, save=save)
         results.append(r)
         rows.append(_row(r, bound, time_first_batch(c) if first_batch else None))
     return LoaderSweep(table=pd.DataFrame(rows), results=tuple(results), bound=bound)
@@ -194,7 +196,7 @@ class LoaderTuning:
 
 def tune_loader(config: RunConfig, *, budget_s: float = 60.0, steps: int = 8,
                 warmup_steps: int = 2, alpha: float = 0.05,
-                progress: bool = False) -> LoaderTuning:
+                progress: bool = False, save: bool = True) -> LoaderTuning:
     """Pick DataLoader settings for ``config`` by measuring them within ``budget_s``.
 
     Candidates, measured in order until the budget would be exceeded (a candidate is
@@ -206,6 +208,8 @@ def tune_loader(config: RunConfig, *, budget_s: float = 60.0, steps: int = 8,
     whose throughput is not significantly lower than the fastest one's (two-sided
     Mann-Whitney at ``alpha``): extra workers that do not measurably help cost memory
     and start-up time.
+
+    Every candidate is saved the moment it is measured (``save=False``: kept in memory).
 
     Raises:
         ValueError: ``budget_s`` <= 0, ``steps`` < 2, or what ``run`` raises.
@@ -225,7 +229,7 @@ def tune_loader(config: RunConfig, *, budget_s: float = 60.0, steps: int = 8,
         return clock.elapsed_s + clock.elapsed_s / len(results) <= budget_s
 
     def measure(c: RunConfig) -> None:
-        results.append(run(c, progress=progress, save=False))
+        results.append(run(c, progress=progress, save=save))
 
     def with_workers(w: int, pf: int | None = None) -> RunConfig:
         return base.replace(num_workers=w, persistent_workers=w > 0, pin_memory=pin,
