@@ -20,7 +20,7 @@ from perflab.ladder_rungs import RUNGS, naive_config, unavailable
 from perflab.link import SimulatedLink
 from perflab.overlap import run_ddp
 from perflab.result import RunResult
-from perflab.widgets import experiment_panel
+from perflab.widgets import error_html, experiment_panel
 
 __all__ = ["bucket_panel", "link_panel", "ladder_panel"]
 
@@ -143,8 +143,7 @@ class _LadderPanel:
             self.status.value = html.escape(repr(self.ladder))
             return self.ladder
         except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
-            self.error.value = (f'<div style="color:#b00020;font-weight:bold">'
-                                f"{html.escape(f'{type(e).__name__}: {e}')}</div>")
+            self.error.value = error_html(e)
             self.status.value = "the climb failed; the panel is still usable"
             if raise_errors:
                 raise

@@ -18,6 +18,7 @@ import pandas as pd
 from perflab.figures import InlineFigure, figure_to_png
 from perflab.link import LINK_PRESETS, SimulatedLink
 from perflab.sharding_scaling import scaling_curve
+from perflab.widgets import error_html
 
 __all__ = ["plot_scaling", "plot_state_bytes", "scaling_panel"]
 
@@ -169,8 +170,7 @@ class _ScalingPanel:
                 f"[{r.ci_low:.2f}, {r.ci_high:.2f}] ({r.cores})" for r in top.itertuples()))
             return self.result
         except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
-            self.error.value = (f'<div style="color:#b00020;font-weight:bold">'
-                                f"{html.escape(f'{type(e).__name__}: {e}')}</div>")
+            self.error.value = error_html(e)
             self.status.value = "the run failed; the panel is still usable"
             if raise_errors:
                 raise

@@ -45,6 +45,12 @@ QUEUED_CLICK_WINDOW_S = 0.5
 _ERROR_STYLE = "color:#b00020;font-weight:bold"
 
 
+def error_html(exc: BaseException) -> str:
+    """An exception as the red message every perflab panel shows (never a traceback)."""
+    msg = html.escape(f"{type(exc).__name__}: {exc}").replace("\n", "<br>")
+    return f'<div style="{_ERROR_STYLE}">{msg}</div>'
+
+
 def _find(choices: Sequence[Any], value: Any) -> int | None:
     """Index of ``value`` in ``choices`` (``True`` does not match ``1``), else None."""
     for i, c in enumerate(choices):
@@ -227,8 +233,7 @@ class ExperimentPanel:
             ctl.disabled = busy
 
     def _show_error(self, exc: BaseException, what: str) -> None:
-        msg = html.escape(f"{type(exc).__name__}: {exc}").replace("\n", "<br>")
-        self.error.value = f'<div style="{_ERROR_STYLE}">{msg}</div>'
+        self.error.value = error_html(exc)
         self.status.value = f'<span style="{_ERROR_STYLE}">{html.escape(what)}</span>'
         self.progress.bar_style = "danger"
 

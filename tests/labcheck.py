@@ -36,6 +36,12 @@ class Lab:
     def run_code(self, ns: dict, source: str, name: str = "<cell>") -> None:
         exec(compile(source, name, "exec"), ns)
 
+    def verdict(self, ns: dict, code: str, check: str) -> JudgeResult:
+        """Run ``code`` (an answer) in a copy of ``ns``, then the check ``check`` on it."""
+        scope = dict(ns)
+        self.run_code(scope, code)
+        return self.judge(scope, check)
+
     def solution(self, gid: str) -> str:
         return self.cells[gid]
 

@@ -16,9 +16,7 @@ def ns():
 
 
 def _verdict(ns, code: str, check: str):
-    scope = dict(ns)
-    LAB.run_code(scope, code)
-    return LAB.judge(scope, check)
+    return LAB.verdict(ns, code, check)
 
 
 WRONG_TIMERS = {
