@@ -50,7 +50,7 @@ _PUBLIC: dict[str, list[str]] = {
     "amp": ["Parity", "loss_parity", "op_dtypes", "ops_kept_in_fp32", "plot_parity", "scaler_steps", "scaler_trace"],
     "checkpointing": ["SETTINGS", "STAGE_NAMES", "Segment", "TradeoffCurve", "checkpointed_stages", "chen_cost", "segment_plan", "sqrt_n_segments", "stage_table", "tradeoff_curve"],
     "max_batch": ["MaxBatch", "cpu_step_bytes", "find_max_batch", "search_max_batch"],
-    "memory_breakdown": ["activation_formula_bytes", "memory_breakdown", "optimizer_state_multiplier"],
+    "memory_parts": ["activation_formula_bytes", "memory_breakdown", "optimizer_state_multiplier"],
     "accumulation": ["AccumulationGap", "accumulated_gradients", "accumulation_gap", "full_batch_gradients"],
     "compilation": ["CompileCount", "CompileTiming", "GraphBreaks", "KernelSummary", "break_even_steps", "compile_overhead_s", "count_compiles", "describe_break_even", "generated_code", "graph_breaks", "kernel_summary", "op_time_share", "time_compile"],
     "compile_cache": ["CacheRun", "inductor_cache_dir", "run_in_fresh_process", "timing_from_runs"],

@@ -176,6 +176,7 @@ def run_interleaved(configs: Sequence[RunConfig], *, rounds: int = 2, progress: 
     for config in configs:
         out = _check_destination(config, save, results_dir)
     rounds_dir = out / "rounds" if out is not None else None
+    before = set(rounds_dir.glob("*.json")) if rounds_dir and rounds_dir.is_dir() else set()
     per_config: list[list[RunResult]] = [[] for _ in configs]
     try:
         for _ in range(rounds):
@@ -183,7 +184,9 @@ def run_interleaved(configs: Sequence[RunConfig], *, rounds: int = 2, progress: 
                 r = run(config, progress=progress, save=False)
                 per_config[i].append(_save_or_keep(r, rounds_dir) if save else r)
     except KeyboardInterrupt:
-        kept = [r.path for rs in per_config for r in rs if r.path]
+        # Count what is on disk, not what was appended: Ctrl-C can land after a round's
+        # file was linked into place but before this loop saw its path.
+        kept = (set(rounds_dir.glob("*.json")) - before) if rounds_dir else set()
         where = (f"; saved {len(kept)} finished round(s) in {rounds_dir}" if kept
                  else "; nothing was saved (save=False or no round finished)")
         print(f"interrupted after {sum(map(len, per_config))} of {rounds * len(configs)} "

@@ -182,7 +182,7 @@ def test_lab04_05_modules_import_without_side_effects():
         "import logging, torch\n"
         "threads = torch.get_num_threads(); handlers = list(logging.getLogger().handlers)\n"
         "import perflab.accumulation, perflab.checkpointing, perflab.compilation\n"
-        "import perflab.compile_cache, perflab.max_batch, perflab.memory_breakdown\n"
+        "import perflab.compile_cache, perflab.max_batch, perflab.memory_parts\n"
         "import perflab.workloads, os\n"
         "assert not torch.cuda.is_initialized(), 'CUDA initialised at import'\n"
         "assert torch.get_num_threads() == threads, 'thread count changed at import'\n"

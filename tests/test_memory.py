@@ -10,7 +10,7 @@ from conftest import requires_cuda
 from perflab.memory import (GIB, MIB, PeakMemory, SavedTensorsCounter, model_state_bytes,
                             read_peak, reset_peak, saved_activation_bytes,
                             tensor_peak_bytes)
-from perflab.memory_breakdown import (activation_formula_bytes, memory_breakdown,
+from perflab.memory_parts import (activation_formula_bytes, memory_breakdown,
                                       optimizer_state_multiplier)
 from perflab.models import resnet18, tiny_cnn
 
