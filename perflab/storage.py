@@ -125,8 +125,7 @@ def write_new_json(folder: str | Path, stem: str, obj: Any) -> Path:
     except OSError as e:
         raise _explain(e, folder / f"{stem}.json") from e
     try:
-        for n in range(1, 10_000):
-            path = folder / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+        for path in _names(folder, stem):
             try:
                 os.link(tmp, path)             # atomic, and fails when the name exists
                 _fsync_dir(folder)
@@ -144,10 +143,15 @@ def write_new_json(folder: str | Path, stem: str, obj: Any) -> Path:
         tmp.unlink(missing_ok=True)
 
 
+def _names(folder: Path, stem: str):
+    """The candidate names, in order: ``stem.json``, ``stem-2.json``, ... ``stem-9999.json``."""
+    for n in range(1, 10_000):
+        yield folder / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+
+
 def _write_exclusive(folder: Path, stem: str, raw: bytes) -> Path:
     """Fallback for filesystems without hard links: O_EXCL names, written in place."""
-    for n in range(1, 10_000):
-        path = folder / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+    for path in _names(folder, stem):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

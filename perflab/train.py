@@ -172,9 +172,9 @@ def run_interleaved(configs: Sequence[RunConfig], *, rounds: int = 2, progress: 
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     if not configs:
         raise ValueError("run_interleaved needs at least one RunConfig")
-    out = None
-    for config in configs:
-        out = _check_destination(config, save, results_dir)
+    out = _check_destination(configs[0], save, results_dir)
+    for config in configs[1:]:
+        _check_destination(config, False, None)  # its type only: the folder is checked once
     rounds_dir = out / "rounds" if out is not None else None
     before = set(rounds_dir.glob("*.json")) if rounds_dir and rounds_dir.is_dir() else set()
     per_config: list[list[RunResult]] = [[] for _ in configs]
