@@ -171,7 +171,9 @@ def test_op_time_share():
     fn()
     share = op_time_share(fn, ("mm",))
     assert 0.0 < share < 1.0                             # add_ takes some time too
-    assert op_time_share(fn, ("mm", "add_")) > share     # a timing, so only the order
+    # Two profiles are two timings, so comparing their shares moves with machine load
+    # (CI once saw mm+add_ < mm alone). Only facts true of any one profile are asserted.
+    assert op_time_share(fn, ("",)) == pytest.approx(1.0)    # every op matches ""
     assert op_time_share(fn, ("no_such_op",)) == 0.0
 
 

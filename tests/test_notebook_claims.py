@@ -20,8 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The labs whose markdown is scanned. Helpers adding labs extend this list.
-LABS_SCANNED = ["01", "02", "03", "04"]
+#: The labs whose markdown is scanned: every lab but 00 (the course index).
+LABS_SCANNED = ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
 
 _NUM = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|(?:one|two|three|four|five|six|seven|eight|nine|ten|a few|several|half a)\b)"
 _RANGE = rf"{_NUM}(?:\s?(?:-|–|to)\s?{_NUM})?"
@@ -47,6 +47,11 @@ ALLOWED: dict[str, list[tuple[str, str]]] = {
         (r"must drop by at least 45 %", "the check's pass threshold, a configured value"),
         (r"you need to be within 10 %", "the prediction check's tolerance, a configured value"),
     ],
+    "05": [],
+    "06": [],
+    "07": [],
+    "08": [],
+    "09": [],
 }
 
 
