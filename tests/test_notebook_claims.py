@@ -53,7 +53,7 @@ ALLOWED: dict[str, list[tuple[str, str]]] = {
     "08": [],
     "09": [
         (r"p = g = 4 bytes", "the bytes per fp32 element (torch.finfo(torch.float32).bits / 8)"),
-        (r"ZeRO-3 1\.5×", "the ZeRO paper's claim the student explains (Rajbhandari et al. 2020, "
+        (r"ZeRO-3\s+1\.5×", "the ZeRO paper's claim the student explains (Rajbhandari et al. 2020, "
                           "arXiv:1910.02054, section 7.2.2)"),
     ],
 }
