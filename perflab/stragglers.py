@@ -24,7 +24,8 @@ import numpy as np
 __all__ = ["StragglerVerdict", "detect_stragglers",
            "predicted_throughput_loss", "predicted_slowdown", "ThroughputLoss",
            "measured_throughput_loss", "ratio_to_median_with_self", "max_abs_zscore",
-           "max_zscore_bound", "DETECT_THRESHOLD", "DETECT_K", "DETECT_N"]
+           "max_zscore_bound", "straggler_recording", "DETECT_THRESHOLD", "DETECT_K",
+           "DETECT_N"]
 
 #: Detector defaults (see :func:`detect_stragglers` for why these values).
 DETECT_THRESHOLD = 0.10
@@ -238,3 +239,25 @@ def max_zscore_bound(num_ranks: int) -> float:
     if not isinstance(num_ranks, int) or num_ranks < 2:
         raise ValueError(f"num_ranks must be an int >= 2, got {num_ranks!r}")
     return (num_ranks - 1) / math.sqrt(num_ranks)
+
+
+def straggler_recording(name: str = "straggler_timings.json") -> dict:
+    """The shipped per-rank compute times Lab 07's detector check grades against.
+
+    Recorded on real gloo ranks by ``benchmarks/record_stragglers.py`` (seeded straggler
+    schedules; the file's ``"source"`` field names the script). Returns the parsed JSON:
+    ``{"source", "seed", "recorded", "machine", "units", "cases": {case: {"world_size",
+    "injected": {rank: frac or [frac per step]}, "compute_s": ranks x steps seconds,
+    "cpu_s": ranks x steps CPU seconds}}}``.
+
+    Raises:
+        ValueError: no recording of that name ships with perflab.
+    """
+    import json
+    from importlib.resources import files
+
+    path = files("perflab") / "recordings" / name
+    if not name.startswith("straggler_") or not path.is_file():
+        raise ValueError(f"no shipped straggler recording {name!r}; the default is "
+                         "'straggler_timings.json' (perflab/recordings/)")
+    return json.loads(path.read_text())
