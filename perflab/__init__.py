@@ -68,6 +68,7 @@ _PUBLIC: dict[str, list[str]] = {
     "ladder_rungs": ["GROUPS", "INTERACTING", "ROUNDS", "RUNGS", "SIZES", "Variant", "applied", "checkpointed_batch_size", "make_variant", "naive_config", "per_sample", "rung_config", "unavailable"],
     "ladder": ["climb", "resume_climb", "search_all", "validate_climb"],
     "ladder_report": ["Ladder", "Rung", "TABLE_COLUMNS"],
+    "report_check": ["ReportNumber", "flatten_numbers", "report_numbers", "report_problems", "rungs_called_kept", "unmeasured_numbers"],
     "trace": ["EVENT_COLUMNS", "PHASE_COLUMNS", "PHASE_PREFIX", "RankTrace", "events_frame", "load_ranks", "load_trace", "phase_times"],
     "trace_analysis": ["IDLE_CATEGORIES", "IDLE_COLUMNS", "OVERLAP_COLUMNS", "TEMPORAL_COLUMNS", "comm_comp_overlap", "idle_time_breakdown", "phase_breakdown", "plot_breakdown", "temporal_breakdown"],
     "loader_tuning": ["LoaderSweep", "LoaderTuning", "default_worker_counts", "plot_sweep", "sweep_loader", "tune_loader"],
