@@ -1,0 +1,253 @@
+"""Lab 06's rank bodies: a student's data-parallel wrapper beside DistributedDataParallel.
+
+* :func:`record_allreduces`: every ``torch.distributed.all_reduce`` a block makes (size,
+  dtype, ``async_op``, whether autograd's backward was running), optionally completed no
+  earlier than a :class:`~perflab.link.SimulatedLink` would deliver it;
+* :func:`bucket_recorder_hook`: a DDP communication hook that records DDP's own buckets
+  (``GradBucket.index()``, ``GradBucket.parameters()``) and then allreduces exactly as
+  torch's default ``allreduce_hook`` does;
+* :func:`compare_rank`: train the same seeded MLP with the student's per-parameter
+  allreduce, the student's bucketed wrapper, DDP with the student's fp16 hook and plain
+  DDP; return the facts Lab 06's checks grade.
+
+Why our own spy: the student's wrapper calls ``dist.all_reduce`` directly (DDP's own
+reducer does not go through Python), so patching that one function sees exactly the
+student's collectives; torch has no public "collective log" for gloo.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from perflab.link import LinkModel, SimulatedLink
+from perflab.sharding_run import mlp, mlp_batches
+
+__all__ = ["record_allreduces", "bucket_recorder_hook", "compare_rank", "grads_of",
+           "GRAD_ATOL", "GRAD_RTOL"]
+
+#: Tolerances of the gradient comparison with DDP (fp32; DDP divides by world_size before
+#: the allreduce, a wrapper may divide after: the two agree to rounding).
+GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-5
+
+
+class _LinkWork:
+    """A ``dist.Work`` stand-in whose ``wait()`` returns no earlier than the modelled link."""
+
+    def __init__(self, work: Any, done_s: float, clock: Any):
+        self._work, self._done_s, self._clock = work, done_s, clock
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._work.wait()
+        left = self._done_s - self._clock.now()
+        if left > 0:
+            threading.Event().wait(left)  # sleep: the "wire" is busy, no CPU burned
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed() and self._clock.now() >= self._done_s
+
+    def get_future(self) -> Any:
+        return self._work.get_future()  # real completion only (DDP hooks use the link hook)
+
+
+@contextmanager
+def record_allreduces(link: SimulatedLink | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Record every ``torch.distributed.all_reduce`` call made inside the block.
+
+    Each record: ``{"numel", "dtype", "nbytes", "async_op", "in_backward"}``
+    (``in_backward``: autograd's engine was running a backward pass, read with
+    ``torch._C._current_graph_task_id() != -1``). With ``link``, each call is booked on a
+    :class:`~perflab.link.LinkModel` shared by the block's calls and completes no earlier
+    than the model says (a synchronous call returns then; an async one's ``wait()``
+    does); records then also hold ``"duration_s"`` (the link's time for that message).
+    The original function is restored on exit, also when the block raises.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    real = c10d.all_reduce
+    model = LinkModel(link, world_size=dist.get_world_size()) if link is not None else None
+    calls: list[dict[str, Any]] = []
+
+    def spy(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        rec = {"numel": tensor.numel(), "dtype": str(tensor.dtype).replace("torch.", ""),
+               "nbytes": tensor.numel() * tensor.element_size(), "async_op": bool(async_op),
+               "in_backward": torch._C._current_graph_task_id() != -1}
+        calls.append(rec)
+        work = real(tensor, op=op, group=group, async_op=async_op)
+        if model is None:
+            return work
+        rec["duration_s"] = model.duration_s(rec["nbytes"])
+        _, done = model.schedule(rec["nbytes"])
+        linked = _LinkWork(work if async_op else _Done(), done, model.clock)
+        if async_op:
+            return linked
+        linked.wait()
+        return None
+
+    dist.all_reduce = c10d.all_reduce = spy
+    try:
+        yield calls
+    finally:
+        dist.all_reduce = c10d.all_reduce = real
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def bucket_recorder_hook(state: list, bucket):  # no annotations: DDP inspects them
+    """DDP comm hook: append ``(bucket.index(), [parameter data_ptr, ...])`` to ``state``
+    (a list), then allreduce the bucket as torch's ``default_hooks.allreduce_hook`` does
+    (divide by world size, ``all_reduce(async_op=True)``). ``(list, dist.GradBucket) ->
+    torch.futures.Future[Tensor]``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    state.append((bucket.index(), [p.data_ptr() for p in bucket.parameters()]))
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def grads_of(model: torch.nn.Module) -> list[list[float]]:
+    """Every parameter's ``.grad`` flattened to a list (zeros where None), in
+    ``model.parameters()`` order."""
+    return [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).tolist()
+            for p in model.parameters()]
+
+
+def _train(model, step_fn, data, lr) -> tuple[list, list, list[float]]:
+    """SGD on ``data`` with ``step_fn(x, y) -> loss`` doing forward, backward and the
+    gradient sync; returns (grads after each step, final params, losses)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    grads, losses = [], []
+    for x, y in data:
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(step_fn(x, y).detach()))
+        grads.append(grads_of(model))
+        opt.step()
+    return grads, [p.detach().reshape(-1).tolist() for p in model.parameters()], losses
+
+
+def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float,
+                 steps: int = 3, batch: int = 4, lr: float = 0.1, seed: int = 0
+                 ) -> dict[str, Any]:
+    """Rank body of Lab 06's checks: the student's code and DDP on the same seeded MLP.
+
+    Imports ``student_module`` (the file the lab writes with ``%%writefile``) and trains
+    ``perflab.mlp(sizes, seed)`` for ``steps`` SGD steps on this rank's
+    ``perflab.mlp_batches`` with: ``allreduce_gradients(model)`` after backward
+    ("per_param"), ``MyDDP(model, bucket_cap_mb=...)`` with ``finish_gradient_sync()``
+    after backward ("bucketed"), DDP with ``register_comm_hook(None, my_fp16_hook)``
+    ("fp16"), torch's ``fp16_compress_hook`` ("torch_fp16") and plain DDP with
+    ``bucket_cap_mb`` ("ddp", its buckets recorded by :func:`bucket_recorder_hook`).
+
+    Returns:
+        ``{variant: {"grads": [[...] per parameter] per step, "params", "losses",
+        "calls": [[all_reduce records] per step]}}``, plus ``"ddp_buckets"``: DDP's
+        buckets at the last step as lists of parameter indices (launch order),
+        ``"student_buckets"``: ``MyDDP.buckets`` the same way, ``"wraps_ddp"``: whether
+        the student's wrapper built or holds a DistributedDataParallel,
+        ``"fp16_delegates"``: whether ``my_fp16_hook`` is or calls torch's
+        ``fp16_compress_hook``, ``"numels"``: elements per parameter.
+    """
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    student = importlib.import_module(student_module)
+    data = mlp_batches(sizes, batch, steps, dist.get_rank(), seed)
+    loss_fn = torch.nn.functional.cross_entropy
+    out: dict[str, Any] = {}
+
+    def run(name, model, step_fn):
+        calls_per_step = []
+
+        def step(x, y):
+            with record_allreduces() as calls:
+                loss = step_fn(x, y)
+            calls_per_step.append(calls)
+            return loss
+        grads, params, losses = _train(model, step, data, lr)
+        out[name] = {"grads": grads, "params": params, "losses": losses,
+                     "calls": calls_per_step}
+
+    model = mlp(sizes, seed)
+
+    def per_param(x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        student.allreduce_gradients(model)
+        return loss
+    run("per_param", model, per_param)
+
+    built = []
+    real_init = DDP.__init__
+
+    def counting_init(self, *a, **k):
+        built.append(1)
+        real_init(self, *a, **k)
+    DDP.__init__ = counting_init
+    try:
+        inner = mlp(sizes, seed)
+        wrapper = student.MyDDP(inner, bucket_cap_mb=bucket_cap_mb)
+    finally:
+        DDP.__init__ = real_init
+    out["wraps_ddp"] = bool(built) or any(isinstance(m, DDP) for m in
+                                          getattr(wrapper, "modules", lambda: [])())
+
+    def bucketed(x, y):
+        loss = loss_fn(wrapper(x), y)
+        loss.backward()
+        wrapper.finish_gradient_sync()
+        return loss
+    run("bucketed", inner, bucketed)
+    index = {p.data_ptr(): i for i, p in enumerate(inner.parameters())}
+    out["student_buckets"] = [[index.get(p.data_ptr(), -1) for p in b]
+                              for b in getattr(wrapper, "buckets", [])]
+    out["numels"] = [p.numel() for p in inner.parameters()]
+
+    torch_hook, delegated = default_hooks.fp16_compress_hook, []
+
+    def spied_hook(state, bucket):  # torch's own hook, counted while the student's runs
+        delegated.append(1)
+        return torch_hook(state, bucket)
+    out["fp16_delegates"] = student.my_fp16_hook is torch_hook
+    for name, hook in (("fp16", student.my_fp16_hook), ("torch_fp16", torch_hook)):
+        ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
+        ddp.register_comm_hook(None, hook)
+        default_hooks.fp16_compress_hook = spied_hook if name == "fp16" else torch_hook
+        try:
+            run(name, ddp.module, _ddp_step(ddp, loss_fn))
+        finally:
+            default_hooks.fp16_compress_hook = torch_hook
+    out["fp16_delegates"] = out["fp16_delegates"] or bool(delegated)
+
+    ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
+    seen: list = []
+    ddp.register_comm_hook(seen, bucket_recorder_hook)
+    marks = []
+
+    def ddp_step(x, y):
+        marks.append(len(seen))
+        return _ddp_step(ddp, loss_fn)(x, y)
+    run("ddp", ddp.module, ddp_step)
+    index = {p.data_ptr(): i for i, p in enumerate(ddp.module.parameters())}
+    last = seen[marks[-1]:]  # the hook runs as DDP launches each bucket, in launch order
+    out["ddp_bucket_index"] = [i for i, _ in last]
+    out["ddp_buckets"] = [[index[ptr] for ptr in ptrs] for _, ptrs in last]
+    return out
+
+
+def _ddp_step(ddp, loss_fn):
+    def step(x, y):
+        loss = loss_fn(ddp(x), y)
+        loss.backward()  # DDP's reducer has waited for every bucket when this returns
+        return loss
+    return step
