@@ -32,7 +32,7 @@ from perflab.timing import PerfCounterClock
 
 __all__ = ["allreduce_sweep", "sweep_on_rank", "fit_alpha_beta",
            "AlphaBetaFit", "algbw_bytes_per_s", "busbw_bytes_per_s", "plot_alpha_beta",
-           "SWEEP_SIZES_BYTES", "link_hook_probe"]
+           "SWEEP_SIZES_BYTES", "link_hook_probe", "recorded_allreduce_sweep"]
 
 #: 1 KiB, 4 KiB, ..., 64 MiB: the default message sizes of a sweep (powers of 4).
 SWEEP_SIZES_BYTES = tuple(2 ** k for k in range(10, 27, 2))
@@ -101,6 +101,35 @@ def allreduce_sweep(sizes_bytes: Sequence[int] = SWEEP_SIZES_BYTES, *, world_siz
                          "busbw_GBps": busbw_bytes_per_s(n, t, world_size) / 1e9,
                          "world_size": world_size})
     return pd.DataFrame(rows)
+
+
+def recorded_allreduce_sweep(name: str = "allreduce_sweep_gloo2.json"
+                             ) -> tuple[pd.DataFrame, dict]:
+    """A shipped allreduce sweep (``perflab/recordings/<name>``): fixed data a lab fits.
+
+    Returns:
+        ``(table, meta)``: the table has :func:`allreduce_sweep`'s columns (``link,
+        size_bytes, time_s, time_min_s, time_max_s, world_size`` and both bandwidths);
+        ``meta`` holds the rest of the file (``source``: the seeded script that made it,
+        ``simulated_link``: that link's ``alpha_s`` and ``beta_bytes_per_s``, the machine).
+
+    Raises:
+        ValueError: no recording of that name (the message lists the shipped ones).
+    """
+    import json
+    from importlib.resources import files
+
+    folder = files("perflab") / "recordings"
+    path = folder / name
+    if not path.is_file():
+        shipped = sorted(p.name for p in folder.iterdir() if p.name.startswith("allreduce_"))
+        raise ValueError(f"no recording {name!r}; shipped: {shipped}")
+    meta = json.loads(path.read_text())
+    table = pd.DataFrame(meta.pop("rows"))
+    table["algbw_GBps"] = table.size_bytes / table.time_s / 1e9
+    table["busbw_GBps"] = [busbw_bytes_per_s(n, t, int(w)) / 1e9 for n, t, w
+                           in zip(table.size_bytes, table.time_s, table.world_size)]
+    return table, meta
 
 
 def algbw_bytes_per_s(size_bytes: float, time_s: float) -> float:
