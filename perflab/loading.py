@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-from scipy import stats
 
 from perflab.augment import random_resized_crop_batch
 from perflab.config import RunConfig
@@ -291,6 +290,8 @@ def pipeline_efficiency(result: RunResult, bound: RunResult, *, target: float = 
                 alpha=alpha)
     at_target = [t / target for t in bound.step.times_s]  # steps at exactly `target`
     steps = result.step.times_s
+    from scipy import stats  # imported on use: importing scipy.stats takes seconds
+
     p_above = float(stats.mannwhitneyu(steps, at_target, alternative="less").pvalue)
     p_below = float(stats.mannwhitneyu(steps, at_target, alternative="greater").pvalue)
     return Efficiency(label=result.label, bound_label=bound.label, efficiency=c.speedup,

@@ -13,7 +13,6 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 __all__ = ["Measurement", "Comparison", "compare", "compare_table", "NOISE_IQR_FRACTION"]
 
@@ -107,6 +106,8 @@ class Measurement:
         """
         if self.n == 1:
             return (-math.inf, math.inf)
+        from scipy import stats  # imported on use: importing scipy.stats takes seconds
+
         res = stats.quantile_test(self._arr, q=self.median, p=0.5)
         ci = res.confidence_interval(confidence_level=0.95)
         lo = float(ci.low) if np.isfinite(ci.low) else -math.inf
@@ -243,6 +244,8 @@ def compare(baseline: Measurement, new: Measurement, *, alpha: float = 0.05) -> 
                          f"got {baseline.n} and {new.n} (measure more steps)")
     if not (isinstance(alpha, float) and 0 < alpha < 1):
         raise ValueError(f"alpha must be a float in (0, 1), got {alpha!r}")
+    from scipy import stats
+
     a, b = baseline._arr, new._arr
     ratio = lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis)  # noqa: E731
     if np.ptp(a) == 0 and np.ptp(b) == 0:  # bootstrap is degenerate on constant data

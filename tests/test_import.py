@@ -22,3 +22,13 @@ def test_import_has_no_side_effects():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "RunConfig" in out.stdout and "experiment_panel" in out.stdout
+
+
+def test_cli_and_rank_worker_do_not_import_scipy_stats():
+    # Every spawned rank and every CLI command imports these; scipy.stats alone takes
+    # seconds to import on a busy 2-core machine, so it is imported where it is used.
+    code = ("import sys, perflab.cli, perflab.config, perflab.distributed.worker\n"
+            "perflab.cli.build_parser()\n"
+            "assert 'scipy.stats' not in sys.modules, 'scipy.stats imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
