@@ -151,12 +151,15 @@ def time_compile(eager_fn: Callable[[], Any], compiled_fn: Callable[[], Any], *,
 @dataclass(frozen=True)
 class GraphBreaks:
     """``torch._dynamo.explain`` of one call: ``graphs`` captured, ``breaks`` between
-    them, ``reasons`` (one line each, with the user code line), ``ops`` in the graphs."""
+    them, ``reasons`` (one line each, with the user code line), ``ops`` in the graphs,
+    ``lines``: the user source line of each break, stripped ("" where the source is not
+    available), in the order dynamo met them."""
 
     graphs: int
     breaks: int
     reasons: tuple[str, ...]
     ops: int
+    lines: tuple[str, ...] = ()
 
 
 def graph_breaks(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GraphBreaks:
@@ -168,14 +171,17 @@ def graph_breaks(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GraphBrea
     import torch._dynamo
 
     e = torch._dynamo.explain(fn)(*args, **kwargs)
-    reasons = []
+    reasons, lines = [], []
     for r in e.break_reasons:
-        where = ""
+        where, line = "", ""
         if r.user_stack:
             fr = r.user_stack[-1]
-            where = f" at {fr.name} line {fr.lineno}: {(fr.line or '').strip()}"
+            line = (fr.line or "").strip()
+            where = f" at {fr.name} line {fr.lineno}: {line}"
         reasons.append(f"{str(r.reason).splitlines()[0]}{where}")
-    return GraphBreaks(e.graph_count, e.graph_break_count, tuple(reasons), e.op_count)
+        lines.append(line)
+    return GraphBreaks(e.graph_count, e.graph_break_count, tuple(reasons), e.op_count,
+                       tuple(lines))
 
 
 @dataclass(frozen=True)
