@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import slow
 from labcheck import Lab
 from perflab import GRAD_ATOL, GRAD_RTOL, compare_rank, ideal_step_s, recorded_allreduce_sweep
 from perflab.course.checks import run_judge, split_check
@@ -221,3 +222,62 @@ def test_reference_wrapper_matches_ddp_gradients(ranks):
                     np.testing.assert_allclose(a, b, atol=GRAD_ATOL, rtol=GRAD_RTOL)
         # the ranks saw different data, yet DDP leaves them with the same gradients
         assert ref["ddp"]["losses"] != ranks[1 - ranks.index(r)]["ddp_wrong_reference"]["ddp"]["losses"]
+
+
+# -- the library pieces the lab reads ----------------------------------------------------------
+def test_recorded_sweep_and_its_errors():
+    table, meta = recorded_allreduce_sweep()
+    assert meta["source"] == "benchmarks/record_allreduce_sweep.py"
+    assert set(table.link) == {"real gloo loopback",
+                               next(k for k in set(table.link) if k.startswith("simulated"))}
+    assert (table.time_s > 0).all() and (table.world_size == 2).all()
+    with pytest.raises(ValueError, match="allreduce_sweep_gloo2.json"):
+        recorded_allreduce_sweep("nope.json")
+
+
+def test_wrapper_table_rows_and_its_error():
+    from perflab import WRAPPERS, SimulatedLink, wrapper_table
+
+    timed = {WRAPPERS[0]: {"median_s": 0.2, "comm_s": 0.0, "messages": 0},
+             "forward_median_s": 0.05}
+    for v, step in zip(WRAPPERS[1:], (0.42, 0.27, 0.25)):
+        timed[v] = {"median_s": step, "comm_s": 0.2, "messages": 6}
+    df = wrapper_table([{"timed": timed}], SimulatedLink.preset("1gbe"))
+    assert list(df.variant) == list(WRAPPERS[1:]) and df.attrs["title"].startswith("simulated link 1gbe")
+    row = df.set_index("variant").loc[WRAPPERS[3]]
+    assert row.overlap_eff_ddp == pytest.approx((0.2 + 0.2 - 0.25) / (0.4 - 0.25))
+    assert row.overlap_eff_textbook == pytest.approx((0.4 - 0.25) / (0.4 - 0.2))
+    with pytest.raises(ValueError, match="measure_rank"):
+        wrapper_table([{}], SimulatedLink.preset("1gbe"))
+
+
+@slow
+def test_lab06_graded_in_the_sandbox(tmp_path):
+    """The real Lab 06 graded as a submission: the %%writefile answer is written in the
+    sandbox's scratch folder and imported by the spawned ranks; the reference gets full
+    marks, a MyDDP that closes buckets only strictly over the cap loses check_my_ddp only."""
+    import shutil
+
+    import nbformat
+
+    from perflab.course.grading import Limits, grade_submissions
+
+    ref, subs = tmp_path / "reference", tmp_path / "subs"
+    ref.mkdir()
+    shutil.copy(LAB.path, ref / LAB.path.name)
+    (subs / "ref").mkdir(parents=True)
+    shutil.copy(LAB.path, subs / "ref" / LAB.path.name)
+    nb = nbformat.read(str(LAB.path), as_version=4)
+    for c in nb.cells:
+        if c.metadata.get("nbgrader", {}).get("grade_id") == "ddp_file":
+            c.source = c.source.replace("if size >= cap:", "if size > cap:")
+    (subs / "wrong").mkdir()
+    nbformat.write(nb, str(subs / "wrong" / LAB.path.name))
+    grades = {g.student: g for g in grade_submissions(
+        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=1200), jobs=2)}
+    g = grades["ref"]
+    assert g.points == g.max_points > 0, [(c.grade_id, c.message) for c in g.checks
+                                          if c.status != "passed"]
+    wrong = {c.grade_id: c for c in grades["wrong"].checks}
+    assert wrong["check_my_ddp"].status == "failed" and wrong["check_my_ddp"].points == 0
+    assert all(c.status == "passed" for gid, c in wrong.items() if gid != "check_my_ddp")
