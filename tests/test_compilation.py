@@ -79,8 +79,10 @@ def test_graph_breaks_on_a_data_dependent_branch():
     g = graph_breaks(_branchy, x)
     assert (g.graphs, g.breaks) == (2, 1)
     assert "if x.sum() > 0:" in g.reasons[0] and "_branchy" in g.reasons[0]
+    assert g.lines == ("if x.sum() > 0:                       # data-dependent Python branch: "
+                       "a graph break",)                        # the user's source line
     g = graph_breaks(_branch_free, x)
-    assert (g.graphs, g.breaks, g.reasons) == (1, 0, ())
+    assert (g.graphs, g.breaks, g.reasons, g.lines) == (1, 0, (), ())
     for v in (x.abs(), -x.abs()):
         torch.testing.assert_close(_branch_free(v), _branchy(v))
 
