@@ -50,7 +50,10 @@ ALLOWED: dict[str, list[tuple[str, str]]] = {
     "05": [],
     "06": [],
     "07": [],
-    "08": [],
+    "08": [
+        (r"multiply-add\s+counted as 2 FLOPs", "FlopCounterMode's convention (torch.utils."
+                                              "flop_counter: 2 FLOPs per multiply-add), a definition"),
+    ],
     "09": [
         (r"p = g = 4 bytes", "the bytes per fp32 element (torch.finfo(torch.float32).bits / 8)"),
         (r"ZeRO-3\s+1\.5×", "the ZeRO paper's claim the student explains (Rajbhandari et al. 2020, "
