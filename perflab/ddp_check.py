@@ -155,7 +155,9 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         ``"student_buckets"``: ``MyDDP.buckets`` the same way, ``"wraps_ddp"``: whether
         the student's wrapper built or holds a DistributedDataParallel,
         ``"fp16_delegates"``: whether ``my_fp16_hook`` is or calls torch's
-        ``fp16_compress_hook``, ``"numels"``: elements per parameter.
+        ``fp16_compress_hook``, ``"numels"``: elements per parameter, ``"errors"``:
+        ``{variant: "Type: message"}`` for each variant whose student code raised (its
+        lists are then empty; both ranks raise alike, so the launch goes on).
     """
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -164,9 +166,12 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     student = importlib.import_module(student_module)
     data = mlp_batches(sizes, batch, steps, dist.get_rank(), seed)
     loss_fn = torch.nn.functional.cross_entropy
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"errors": {}, "wraps_ddp": False, "fp16_delegates": False,
+                           "student_buckets": []}
 
     def run(name, model, step_fn):
+        """Train one variant; a student's exception is recorded (the other exercises are
+        still checked: partial credit), as ``out["errors"][name]``."""
         calls_per_step = []
 
         def step(x, y):
@@ -174,7 +179,11 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
                 loss = step_fn(x, y)
             calls_per_step.append(calls)
             return loss
-        grads, params, losses = _train(model, step, data, lr)
+        try:
+            grads, params, losses = _train(model, step, data, lr)
+        except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
+            out["errors"][name] = f"{type(e).__name__}: {e}"
+            grads, params, losses = [], [], []
         out[name] = {"grads": grads, "params": params, "losses": losses,
                      "calls": calls_per_step}
 
@@ -194,23 +203,29 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         built.append(1)
         real_init(self, *a, **k)
     DDP.__init__ = counting_init
+    inner = mlp(sizes, seed)
     try:
-        inner = mlp(sizes, seed)
         wrapper = student.MyDDP(inner, bucket_cap_mb=bucket_cap_mb)
+    except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
+        out["errors"]["bucketed"] = f"{type(e).__name__}: {e}"
+        wrapper = None
     finally:
         DDP.__init__ = real_init
-    out["wraps_ddp"] = bool(built) or any(isinstance(m, DDP) for m in
-                                          getattr(wrapper, "modules", lambda: [])())
+    if wrapper is None:
+        out["bucketed"] = {"grads": [], "params": [], "losses": [], "calls": []}
+    else:
+        out["wraps_ddp"] = bool(built) or any(isinstance(m, DDP) for m in
+                                              getattr(wrapper, "modules", lambda: [])())
 
-    def bucketed(x, y):
-        loss = loss_fn(wrapper(x), y)
-        loss.backward()
-        wrapper.finish_gradient_sync()
-        return loss
-    run("bucketed", inner, bucketed)
-    index = {p.data_ptr(): i for i, p in enumerate(inner.parameters())}
-    out["student_buckets"] = [[index.get(p.data_ptr(), -1) for p in b]
-                              for b in getattr(wrapper, "buckets", [])]
+        def bucketed(x, y):
+            loss = loss_fn(wrapper(x), y)
+            loss.backward()
+            wrapper.finish_gradient_sync()
+            return loss
+        run("bucketed", inner, bucketed)
+        index = {p.data_ptr(): i for i, p in enumerate(inner.parameters())}
+        out["student_buckets"] = [[index.get(p.data_ptr(), -1) for p in b]
+                                  for b in getattr(wrapper, "buckets", [])]
     out["numels"] = [p.numel() for p in inner.parameters()]
 
     torch_hook, delegated = default_hooks.fp16_compress_hook, []
@@ -218,7 +233,6 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     def spied_hook(state, bucket):  # torch's own hook, counted while the student's runs
         delegated.append(1)
         return torch_hook(state, bucket)
-    out["fp16_delegates"] = student.my_fp16_hook is torch_hook
     for name, hook in (("fp16", student.my_fp16_hook), ("torch_fp16", torch_hook)):
         ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
         ddp.register_comm_hook(None, hook)
@@ -227,7 +241,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
             run(name, ddp.module, _ddp_step(ddp, loss_fn))
         finally:
             default_hooks.fp16_compress_hook = torch_hook
-    out["fp16_delegates"] = out["fp16_delegates"] or bool(delegated)
+    out["fp16_delegates"] = student.my_fp16_hook is torch_hook or bool(delegated)
 
     ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
     seen: list = []

@@ -12,6 +12,7 @@ calls on the same alpha-beta link model and delays their ``wait()`` the same way
 from __future__ import annotations
 
 import importlib
+import math
 import statistics
 from typing import Any, Callable, Sequence
 
@@ -32,6 +33,11 @@ WRAPPERS = ("compute only", "per-parameter allreduce (yours)", "bucketed MyDDP (
             "DistributedDataParallel")
 #: The communication hooks compared on loss and bytes.
 HOOKS = ("allreduce (torch)", "fp16 (yours)", "PowerSGD rank 1 (torch)")
+
+
+def _failed(e: Exception) -> dict[str, Any]:
+    return {"error": f"{type(e).__name__}: {e}", "step_s": [], "comm_s": math.nan,
+            "messages": 0}
 
 
 def _time_steps(step: Callable[[torch.Tensor, torch.Tensor], Any], data, warmup: int
@@ -74,7 +80,11 @@ def _timed_wrappers(student: Any, sizes: Sequence[int], batch: int, link: Simula
             with record_allreduces(link) as calls:
                 body(x, y)
             comm.append((sum(c["duration_s"] for c in calls), len(calls)))
-        times = _time_steps(step, data, warmup)
+        try:
+            times = _time_steps(step, data, warmup)
+        except Exception as e:  # noqa: BLE001 - the student's code: shown, not raised
+            out[name] = _failed(e)
+            return
         out[name] = {"step_s": times, "comm_s": comm[-1][0], "messages": comm[-1][1]}
 
     def per_param(x, y):
@@ -83,13 +93,17 @@ def _timed_wrappers(student: Any, sizes: Sequence[int], batch: int, link: Simula
     linked(WRAPPERS[1], per_param)
 
     inner = mlp(sizes, 1)
-    wrapper = student.MyDDP(inner, bucket_cap_mb=bucket_cap_mb)
 
     def bucketed(x, y):
         inner.zero_grad(set_to_none=True)
         loss_fn(wrapper(x), y).backward()
         wrapper.finish_gradient_sync()
-    linked(WRAPPERS[2], bucketed)
+    try:
+        wrapper = student.MyDDP(inner, bucket_cap_mb=bucket_cap_mb)
+    except Exception as e:  # noqa: BLE001 - the student's code: shown, not raised
+        out[WRAPPERS[2]] = _failed(e)
+    else:
+        linked(WRAPPERS[2], bucketed)
 
     ddp = DDP(mlp(sizes, 1), bucket_cap_mb=bucket_cap_mb)
     state = register_link_hook(ddp, link)
@@ -103,8 +117,21 @@ def _timed_wrappers(student: Any, sizes: Sequence[int], batch: int, link: Simula
                      len(state.records)))
     times = _time_steps(ddp_step, data, warmup)
     out[WRAPPERS[3]] = {"step_s": times, "comm_s": comm[-1][0], "messages": comm[-1][1]}
+
+    def accumulate(x, y):  # two micro-batches of half the batch; only the second syncs
+        state.reset()
+        ddp.zero_grad(set_to_none=True)
+        half = x.shape[0] // 2
+        with ddp.no_sync():
+            loss_fn(ddp(x[:half]), y[:half]).backward()
+        loss_fn(ddp(x[half:]), y[half:]).backward()
+        comm.append((sum(state.model.duration_s(r.nbytes) for r in state.records),
+                     len(state.records)))
+    times = _time_steps(accumulate, data, warmup)
+    out["no_sync"] = {"step_s": times, "median_s": statistics.median(times),
+                      "comm_s": comm[-1][0], "messages": comm[-1][1], "micro_batches": 2}
     for v in WRAPPERS:
-        out[v]["median_s"] = statistics.median(out[v]["step_s"])
+        out[v]["median_s"] = statistics.median(out[v]["step_s"]) if out[v]["step_s"] else math.nan
     out["forward_median_s"] = statistics.median(out["forward_s"])
     return out
 
@@ -127,14 +154,18 @@ def _hooked_losses(student: Any, sizes: Sequence[int], batch: int, steps: int
             register_comm_hook(ddp, "powersgd", None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         losses, sent = [], []
-        for x, y in data:
-            opt.zero_grad(set_to_none=True)
-            with record_allreduces() as calls:
-                loss = torch.nn.functional.cross_entropy(ddp(x), y)
-                loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-            sent.append(sum(c["nbytes"] for c in calls))
+        try:
+            for x, y in data:
+                opt.zero_grad(set_to_none=True)
+                with record_allreduces() as calls:
+                    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+                    loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+                sent.append(sum(c["nbytes"] for c in calls))
+        except Exception as e:  # noqa: BLE001 - the student's hook: shown, not raised
+            out[name] = {"error": f"{type(e).__name__}: {e}", "losses": [], "bytes_per_step": []}
+            continue
         out[name] = {"losses": losses, "bytes_per_step": sent}
     return out
 
@@ -157,7 +188,8 @@ def measure_rank(student_module: str, sizes: Sequence[int], batch: int,
 
     Returns:
         ``{"timed": {variant: {"step_s": [...], "median_s", "comm_s" (the link's time
-        for one step's messages sent back to back), "messages"}, "forward_s": [...],
+        for one step's messages sent back to back), "messages"} (or with "error": "Type:
+        message" and no times, where the student's code raised), "forward_s": [...],
         "forward_median_s"}, "hooks": {hook: {"losses", "bytes_per_step"}}}``.
     """
     student = importlib.import_module(student_module)
@@ -185,7 +217,8 @@ def wrapper_table(measured: Sequence[dict[str, Any]], link: SimulatedLink) -> pd
     what it sent: a modelled figure); step = the variant's measured step; exposed comm =
     step - compute; overlap efficiency against ``max(compute, comm)`` (textbook) and
     ``max(compute, forward + comm)`` (the bound a wrapper that starts allreduces in
-    backward can reach), NaN where undefined. ``attrs["title"]`` names the link.
+    backward can reach), NaN where undefined. A variant whose code raised (its record
+    holds ``"error"``) has no row. ``attrs["title"]`` names the link.
 
     Raises:
         ValueError: an entry lacks the "timed" results.
@@ -198,6 +231,8 @@ def wrapper_table(measured: Sequence[dict[str, Any]], link: SimulatedLink) -> pd
         t = m["timed"]
         compute, fwd = t[WRAPPERS[0]]["median_s"], t["forward_median_s"]
         for v in WRAPPERS[1:]:
+            if "error" in t[v]:  # the student's code raised on this rank: nothing measured
+                continue
             comm, step = t[v]["comm_s"], t[v]["median_s"]
             row = {"variant": v, "rank": rank, "messages": t[v]["messages"],
                    "forward_ms": fwd * 1e3, "compute_ms": compute * 1e3,

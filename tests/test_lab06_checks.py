@@ -44,13 +44,13 @@ _NO_RING = {**_FITS, "synthetic p=8": [_FITS["synthetic p=8"][0], _FITS["synthet
 _G = [[[[0.5, -1.0], [0.25]], [[0.1, 0.2], [0.3]]]] * 2      # [rank][step][param][values]
 _G2 = [[[[2 * v for v in p] for p in step] for step in rank] for rank in _G]
 _NUMELS = [2, 1]
-_PP = {"grads": _G, "ddp": _G, "calls": [[[2, 1], [1, 2]]] * 2, "numels": _NUMELS}
+_PP = {"grads": _G, "ddp": _G, "calls": [[[2, 1], [1, 2]]] * 2, "numels": _NUMELS, "error": None}
 _CALLS = [[[{"numel": 1, "async_op": True, "in_backward": True},
             {"numel": 2, "async_op": True, "in_backward": True}]] * 2] * 2
 _MY = {"grads": _G, "ddp": _G, "buckets": [[1], [0]], "ddp_buckets": [[1], [0]], "calls": _CALLS,
-       "wraps_ddp": False, "numels": _NUMELS}
+       "wraps_ddp": False, "numels": _NUMELS, "error": None}
 _FP = {"grads": _G, "torch": _G, "calls": [[["float16", 1, 2], ["float16", 2, 4]]] * 2,
-       "bucket_numels": [1, 2], "delegates": False}
+       "bucket_numels": [1, 2], "delegates": False, "error": None}
 
 
 def _set_calls(key, value):
@@ -72,10 +72,14 @@ FACTS_06 = {
     ("06", "check_per_param"): (
         {"per_param": _PP},
         [({"per_param": {**_PP, "grads": _G2}}, False),
-         ({"per_param": {**_PP, "calls": [[[3], [3]]] * 2}}, False)]),
+         ({"per_param": {**_PP, "calls": [[[3], [3]]] * 2}}, False),
+         ({"per_param": {**_PP, "grads": [[], []], "calls": [[], []],
+                         "error": "NotImplementedError: "}}, False)]),
     ("06", "check_my_ddp"): (
         {"my_ddp": _MY},
         [({"my_ddp": {**_MY, "wraps_ddp": True}}, False),
+         ({"my_ddp": {**_MY, "grads": [[], []], "calls": [[], []], "buckets": [],
+                      "error": "NotImplementedError: "}}, False),
          ({"my_ddp": {**_MY, "buckets": [[0], [1]]}}, False),
          ({"my_ddp": {**_MY, "grads": _G2}}, False),
          ({"my_ddp": {**_MY, "calls": _set_calls("async_op", False)}}, False),
@@ -83,6 +87,8 @@ FACTS_06 = {
     ("06", "check_fp16_hook"): (
         {"fp16": _FP},
         [({"fp16": {**_FP, "delegates": True}}, False),
+         ({"fp16": {**_FP, "grads": [[], []], "calls": [[], []], "error": "NotImplementedError: "}},
+          False),
          ({"fp16": {**_FP, "calls": [[["float32", 1, 4], ["float32", 2, 8]]] * 2}}, False),
          ({"fp16": {**_FP, "grads": _G2}}, False)]),
     ("06", "check_overlap_efficiency"): (
@@ -173,6 +179,11 @@ WRONG_FILES = {
     # the hook sends fp32
     "fp32_hook": (_REF.replace("bucket.buffer().to(torch.float16).div_(group.size())",
                                "bucket.buffer().div_(group.size())"), {"check_fp16_hook"}),
+    # an exercise left unanswered: only its own check fails, the launch goes on
+    "unanswered_hook": (_REF.replace('    group = process_group if process_group is not None else dist.group.WORLD\n',
+                                     '    raise NotImplementedError()\n'), {"check_fp16_hook"}),
+    "unanswered_wrapper": (_REF.replace("        cap = bucket_cap_mb * 2**20          # MiB, as DDP counts it\n",
+                                        "        raise NotImplementedError()\n"), {"check_my_ddp"}),
     # torch's hook under the student's name
     "torch_hook": (_REF + "\nfrom torch.distributed.algorithms.ddp_comm_hooks.default_hooks "
                           "import fp16_compress_hook as my_fp16_hook\n", {"check_fp16_hook"}),
