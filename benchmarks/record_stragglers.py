@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/record_stragglers.py   # writes perflab/recordings/straggler_timings.json
 
 Two launches of real gloo ranks on this machine (2 ranks, then 4 sharing the cores)
-train :func:`perflab.straggler_run.straggler_rank`'s MLP through a list of cases; each
-case injects a labelled straggler (which rank, how much slower, in which steps: the
+train :func:`perflab.straggler_run.straggler_rank`'s MLP through a list of cases (run
+interleaved, one step of each case per round); each case injects a labelled straggler (which rank, how much slower, in which steps: the
 hiccup steps are drawn from ``numpy.random.default_rng(SEED)``). The times themselves are
 measurements, so a new recording differs in its noise; the grade never does, because the
 check compares the student's detector with the reference on the *shipped* file.

@@ -76,24 +76,97 @@ def _call(errors: list, what: str, fn: Any, *args: Any) -> Any:
         return None
 
 
+def _rebalanced(student: Any, prev: dict | None, gathered: list, ws: int, global_batch: int,
+                errors: list) -> list[int]:
+    """The student's rebalance of the previous phase's sizes by its measured medians."""
+    keep = prev["batch_sizes"] if prev else [global_batch // ws + (r < global_batch % ws)
+                                             for r in range(ws)]
+    if student is None or not hasattr(student, "rebalance") or not gathered \
+            or any(g is None or len(g) != ws for g in gathered):
+        return list(keep)
+    med = np.median(np.asarray(gathered, dtype=float), axis=0).tolist()
+    new = _call(errors, "rebalance", student.rebalance, list(keep), med)
+    ok = (isinstance(new, (list, tuple)) and len(new) == ws
+          and all(isinstance(b, (int, np.integer)) and b >= 1 for b in new)
+          and sum(new) == global_batch)
+    if new is not None and not ok:
+        errors.append(f"rebalance returned {new!r}: not {ws} ints >= 1 summing to "
+                      f"{global_batch}; kept {keep}")
+    return [int(b) for b in new] if ok else list(keep)
+
+
+def _run_group(group: list[int], phases: Sequence[dict], recs: list[dict], warmup: int,
+               model: torch.nn.Module, params: list, opt: torch.optim.Optimizer,
+               pool_x: torch.Tensor, pool_y: torch.Tensor, global_batch: int, rank: int,
+               ws: int, gather: Any, student: Any, errors: list) -> None:
+    """Train the phases of ``group`` interleaved (warm-up rounds first); fill ``recs``."""
+    import torch.distributed as dist
+
+    for s in range(warmup + max(int(phases[i]["steps"]) for i in group)):
+        for i in group:
+            ph = phases[i]
+            step = s - warmup
+            if step >= int(ph["steps"]):
+                continue
+            rec = recs[i]
+            lo = sum(rec["batch_sizes"][:rank])
+            x, y = pool_x[lo:lo + rec["batch_sizes"][rank]], pool_y[lo:lo + rec["batch_sizes"][rank]]
+            weight = rec["batch_sizes"][rank] / global_batch   # this rank's share of the mean
+            frac = _delay(ph.get("slow", {}), rank, max(step, 0))
+            with Stopwatch() as step_sw:
+                with Stopwatch() as wall, Stopwatch(clock=ThreadCpuClock()) as cpu:
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    (loss * weight).backward()
+                    if frac > 0:
+                        time.sleep(frac * wall.elapsed_s)   # the injected straggler
+                with Stopwatch() as wait:
+                    flat = torch.cat([p.grad.reshape(-1) for p in params])
+                    dist.all_reduce(flat)                 # waits for the slowest rank
+                    torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            got = _call(errors, "all_gather_times", gather, wall.elapsed_s) if gather else None
+            got = [float(v) for v in got] if isinstance(got, (list, tuple)) else None
+            if step < 0:
+                continue
+            for key, sw in (("compute_s", wall), ("cpu_s", cpu), ("wait_s", wait),
+                            ("step_s", step_sw)):
+                rec[key].append(sw.elapsed_s)
+            rec["loss"].append(float(loss.detach()))
+            rec["gathered"].append(got)
+            history = [g for g in rec["gathered"] if g is not None and len(g) == ws]
+            verdict = None
+            if student is not None and hasattr(student, "my_detect") and history \
+                    and len(history) == len(rec["gathered"]):
+                per_rank = np.asarray(history, dtype=float).T.tolist()   # ranks x steps
+                v = _call(errors, "my_detect", student.my_detect, per_rank)
+                verdict = [int(r) for r in v] if isinstance(v, (list, tuple)) else None
+            rec["verdicts"].append(verdict)
+
+
 def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
                    sizes: Sequence[int] = (128, 256, 256, 10), global_batch: int = 2048,
-                   warmup: int = 2, seed: int = 0) -> dict[str, Any]:
+                   warmup: int = 3, seed: int = 0) -> dict[str, Any]:
     """Rank body: train :func:`perflab.mlp` ``(sizes)`` through ``phases``; measure this rank.
 
     Args:
         phases: each a dict with ``name`` (str), ``steps`` (>= 1, measured steps),
             ``slow`` ({rank: frac} or {rank: [frac per step]}: that rank sleeps frac x
-            its forward + backward time) and ``batch``: "even" (``global_batch`` split
-            evenly), "rebalance" (the student's ``rebalance`` of the previous phase's
-            sizes and per-rank median compute seconds) or a list of per-rank sizes.
+            its forward + backward time, warm-up included) and ``batch``: "even"
+            (``global_batch`` split evenly), "rebalance" (the student's ``rebalance`` of
+            the previous phase's sizes and its per-rank median gathered compute seconds)
+            or a list of per-rank sizes. Phases run interleaved, one step of each per
+            round, so drift in the machine's speed shifts them alike; a "rebalance"
+            phase starts a new interleaved group (it needs the previous phase's
+            measurements), e.g. [none, slow, rebalanced, slow again] runs as
+            (none | slow), then (rebalanced | slow again).
         student_module: module name of the student's file (``straggler_student`` for
             ``straggler_student.py`` in the working folder), or None: perflab's own
             gather, no detector.
         sizes: the MLP's widths; input ``(b, sizes[0])`` float32, ``b`` = this rank's
             micro-batch.
         global_batch: samples per step over all ranks (>= world_size).
-        warmup: unmeasured steps at the start of each phase.
+        warmup: unmeasured rounds (one step of each phase of a group) before its measured ones.
         seed: model and data seed (the same on every rank).
 
     Returns:
@@ -109,10 +182,14 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
     """
     import torch.distributed as dist
 
-    rank, ws = dist.get_rank(), dist.get_world_size()
     if not phases:
         raise ValueError("phases must list at least one phase, e.g. [{'name': 'even', "
                          "'steps': 10, 'slow': {}, 'batch': 'even'}]")
+    for ph in phases:
+        if not isinstance(ph.get("steps"), int) or ph["steps"] < 1:
+            raise ValueError(f"phase {ph.get('name')!r}: steps must be an int >= 1, "
+                             f"got {ph.get('steps')!r}")
+    rank, ws = dist.get_rank(), dist.get_world_size()
     if global_batch < ws:
         raise ValueError(f"global_batch must be >= world_size={ws}, got {global_batch}")
     if student_module and os.getcwd() not in sys.path:
@@ -128,74 +205,32 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
     gen = torch.Generator().manual_seed(seed)
     pool_x = torch.randn(global_batch, sizes[0], generator=gen)
     pool_y = torch.randint(0, sizes[-1], (global_batch,), generator=gen)
-    sizes_now = [global_batch // ws + (r < global_batch % ws) for r in range(ws)]
-    out_phases: list[dict] = []
+    even = [global_batch // ws + (r < global_batch % ws) for r in range(ws)]
+    recs: list[dict[str, Any]] = []
     for ph in phases:
-        if int(ph.get("steps", 0)) < 1:
-            raise ValueError(f"phase {ph.get('name')!r}: steps must be >= 1, got {ph.get('steps')!r}")
         batch = ph.get("batch", "even")
-        if batch == "even":
-            sizes_now = [global_batch // ws + (r < global_batch % ws) for r in range(ws)]
-        elif batch == "rebalance":
-            prev = out_phases[-1] if out_phases else None
-            med = (np.median(np.asarray(prev["gathered"], dtype=float), axis=0).tolist()
-                   if prev and prev["gathered"] and None not in prev["gathered"] else None)
-            new = _call(errors, "rebalance", student.rebalance, list(sizes_now), med) \
-                if student is not None and hasattr(student, "rebalance") and med else None
-            ok = (isinstance(new, (list, tuple)) and len(new) == ws
-                  and all(isinstance(b, (int, np.integer)) and 1 <= b for b in new)
-                  and sum(new) == global_batch)
-            if new is not None and not ok:
-                errors.append(f"rebalance returned {new!r}: not {ws} ints >= 1 summing to "
-                              f"{global_batch}; kept {sizes_now}")
-            sizes_now = [int(b) for b in new] if ok else sizes_now
-        elif isinstance(batch, (list, tuple)) and len(batch) == ws and sum(batch) == global_batch:
-            sizes_now = [int(b) for b in batch]
-        else:
+        if batch not in ("even", "rebalance") and not (
+                isinstance(batch, (list, tuple)) and len(batch) == ws and sum(batch) == global_batch):
             raise ValueError(f"phase {ph.get('name')!r}: batch must be 'even', 'rebalance' or "
                              f"{ws} sizes summing to {global_batch}, got {batch!r}")
-        lo = sum(sizes_now[:rank])
-        x, y = pool_x[lo:lo + sizes_now[rank]], pool_y[lo:lo + sizes_now[rank]]
-        weight = sizes_now[rank] / global_batch    # this rank's share of the global mean
-        rec: dict[str, Any] = {"name": ph.get("name", ""), "batch_sizes": list(sizes_now),
-                               "slow": {str(k): v for k, v in ph.get("slow", {}).items()},
-                               **{k: [] for k in ("compute_s", "cpu_s", "wait_s", "step_s",
-                                                  "gathered", "verdicts", "loss")}}
-        history: list[list[float]] = []
-        for s in range(warmup + int(ph["steps"])):
-            measured = s >= warmup
-            with Stopwatch() as step_sw:
-                with Stopwatch() as wall, Stopwatch(clock=ThreadCpuClock()) as cpu:
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-                    (loss * weight).backward()
-                    frac = _delay(ph.get("slow", {}), rank, s - warmup) if measured else 0.0
-                    if frac > 0:
-                        time.sleep(frac * wall.elapsed_s)   # the injected straggler
-                with Stopwatch() as wait:
-                    flat = torch.cat([p.grad.reshape(-1) for p in params])
-                    dist.all_reduce(flat)                 # waits for the slowest rank
-                    torch.nn.utils.vector_to_parameters(flat, [p.grad for p in params])
-                opt.step()
-                opt.zero_grad(set_to_none=False)
-            if not measured:
-                continue
-            for key, sw in (("compute_s", wall), ("cpu_s", cpu), ("wait_s", wait),
-                            ("step_s", step_sw)):
-                rec[key].append(sw.elapsed_s)
-            rec["loss"].append(float(loss.detach()))
-            got = _call(errors, "all_gather_times", gather, rec["compute_s"][-1]) if gather else None
-            rec["gathered"].append([float(v) for v in got] if isinstance(got, (list, tuple))
-                                   else None)
-            if got is not None:
-                history.append([float(v) for v in got])
-            verdict = None
-            if student is not None and hasattr(student, "my_detect") and history \
-                    and all(len(h) == ws for h in history):
-                per_rank = np.asarray(history, dtype=float).T.tolist()   # ranks x steps
-                v = _call(errors, "my_detect", student.my_detect, per_rank)
-                verdict = [int(r) for r in v] if isinstance(v, (list, tuple)) else None
-            rec["verdicts"].append(verdict)
-        out_phases.append(rec)
+        recs.append({"name": ph.get("name", ""),
+                     "batch_sizes": [int(b) for b in batch] if isinstance(batch, (list, tuple)) else even,
+                     "slow": {str(k): v for k, v in ph.get("slow", {}).items()},
+                     **{k: [] for k in ("compute_s", "cpu_s", "wait_s", "step_s", "gathered",
+                                        "verdicts", "loss")}})
+    # Phases run interleaved, one step of each per round, so a machine whose speed drifts
+    # (other programs starting and stopping) shifts every phase alike. A "rebalance" phase
+    # starts a new group of interleaved phases: it needs the previous phase's measurements.
+    starts = [i for i, ph in enumerate(phases) if i == 0 or ph.get("batch") == "rebalance"]
+    for first, stop in zip(starts, starts[1:] + [len(phases)]):
+        group = list(range(first, stop))
+        if phases[first].get("batch") == "rebalance":
+            prev = recs[first - 1] if first else None
+            recs[first]["batch_sizes"] = _rebalanced(
+                student, prev, prev["gathered"] if prev else [], ws, global_batch, errors)
+        _run_group(group, phases, recs, warmup, model, params, opt, pool_x, pool_y,
+                   global_batch, rank, ws, gather, student, errors)
+    out_phases = recs
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     return {"rank": rank, "world_size": ws, "cores": cores, "fixed_gather": fixed,
             "errors": errors[:20], "phases": out_phases}

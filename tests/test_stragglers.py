@@ -157,3 +157,75 @@ def test_zscore_is_zero_when_ranks_are_equal_and_bound_needs_two_ranks():
     assert max_zscore_bound(2) == pytest.approx(1 / math.sqrt(2))
     with pytest.raises(ValueError, match="num_ranks must be an int >= 2"):
         max_zscore_bound(1)
+
+
+# -- the shipped recording --------------------------------------------------------------------
+def test_the_shipped_recording_has_every_case_the_lab_grades_on():
+    from perflab import straggler_recording
+
+    rec = straggler_recording()
+    assert rec["source"] == "benchmarks/record_stragglers.py" and rec["seed"] == 7
+    for name, case in rec["cases"].items():
+        t = np.asarray(case["compute_s"])
+        assert t.shape[0] == case["world_size"] and np.all(t > 0), name
+        assert np.asarray(case["cpu_s"]).shape == t.shape, name
+    assert {"2r_rank1_20pct", "4r_rank2_50pct", "4r_rank3_hiccups", "4r_rank0_recovered"} <= set(rec["cases"])
+
+
+def test_the_recording_reader_rejects_an_unknown_name():
+    from perflab import straggler_recording
+
+    with pytest.raises(ValueError, match="no shipped straggler recording"):
+        straggler_recording("nope.json")
+    with pytest.raises(ValueError, match="straggler_timings.json"):
+        straggler_recording("allreduce_sweep_gloo2.json")
+
+
+# -- the rank body, on one in-process rank --------------------------------------------------
+@pytest.fixture()
+def one_rank(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_rank_body_records_every_measured_step(one_rank):
+    from perflab import reference_gather, straggler_rank
+
+    assert reference_gather(0.25) == [0.25]
+    out = straggler_rank([{"name": "a", "steps": 3, "slow": {}, "batch": "even"},
+                          {"name": "b", "steps": 2, "slow": {0: [0.0, 0.5]}, "batch": [64]}],
+                         None, sizes=(8, 16, 4), global_batch=64, warmup=1)
+    assert out["rank"] == 0 and out["world_size"] == 1 and out["fixed_gather"] == [0.1]
+    a, b = out["phases"]
+    assert [len(a[k]) for k in ("compute_s", "cpu_s", "wait_s", "step_s", "gathered")] == [3] * 5
+    assert a["gathered"] == [[c] for c in a["compute_s"]] and a["verdicts"] == [None] * 3
+    assert b["batch_sizes"] == [64] and b["slow"] == {"0": [0.0, 0.5]}
+    assert all(s >= c for s, c in zip(a["step_s"], a["compute_s"]))
+
+
+@pytest.mark.parametrize("phases, kw, match", [
+    ([], {}, "at least one phase"),
+    ([{"name": "x", "steps": 0, "slow": {}}], {}, "steps must be an int >= 1"),
+    ([{"name": "x", "steps": 1, "slow": {}, "batch": "uneven"}], {}, "batch must be"),
+    ([{"name": "x", "steps": 1, "slow": {}, "batch": [10]}], {}, "batch must be"),
+    ([{"name": "x", "steps": 1, "slow": {}}], {"global_batch": 0}, "global_batch must be"),
+])
+def test_rank_body_rejects_bad_phases(one_rank, phases, kw, match):
+    from perflab import straggler_rank
+
+    with pytest.raises(ValueError, match=match):
+        straggler_rank(phases, None, sizes=(8, 4), **kw)
+
+
+def test_thread_cpu_clock_counts_work_not_sleep():
+    import time
+
+    from perflab import Stopwatch, ThreadCpuClock
+
+    with Stopwatch(clock=ThreadCpuClock()) as cpu, Stopwatch() as wall:
+        time.sleep(0.05)
+    assert cpu.elapsed_s < wall.elapsed_s
