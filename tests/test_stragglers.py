@@ -229,3 +229,30 @@ def test_thread_cpu_clock_counts_work_not_sleep():
     with Stopwatch(clock=ThreadCpuClock()) as cpu, Stopwatch() as wall:
         time.sleep(0.05)
     assert cpu.elapsed_s < wall.elapsed_s
+
+
+@pytest.mark.parametrize("answer, error", [
+    ("[32]", None),
+    ("[40]", "rebalance returned [40]: not 1 ints >= 1 summing to 32"),   # total changed
+    ("[32.0]", "rebalance returned [32.0]"),                              # not ints
+    ("1 / 0", "rebalance: ZeroDivisionError"),                            # it raised
+])
+def test_rank_body_rebalances_with_the_students_function(one_rank, tmp_path, monkeypatch,
+                                                         answer, error):
+    import importlib
+
+    from perflab import straggler_rank
+
+    name = f"s07_unit_{['[32]', '[40]', '[32.0]', '1 / 0'].index(answer)}"
+    (tmp_path / f"{name}.py").write_text(
+        "def all_gather_times(x):\n    return [x]\n\n"
+        "def my_detect(t):\n    return [0] if len(t[0]) > 1 else []\n\n"
+        f"def rebalance(batch_sizes, compute_s):\n    assert len(compute_s) == 1\n    return {answer}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    out = straggler_rank([{"name": "a", "steps": 2, "slow": {}, "batch": "even"},
+                          {"name": "b", "steps": 2, "slow": {}, "batch": "rebalance"}],
+                         name, sizes=(8, 4), global_batch=32, warmup=1)
+    assert out["phases"][0]["verdicts"] == [[], [0]]     # the student's detector, every step
+    assert out["phases"][1]["batch_sizes"] == [32]
+    assert (error is None and out["errors"] == []) or any(error in e for e in out["errors"])
