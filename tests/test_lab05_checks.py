@@ -81,9 +81,10 @@ _KERNELS = {"pointwise_chain": {"mine": _K1, "ref": _K1, "delegated": []},
             "act_matmul_act": {"mine": _K2, "ref": _K2, "delegated": []},
             "scaled_softmax": {"mine": _K3, "ref": _K3, "delegated": []}}
 
-#: grade_id -> (right facts, [(wrong facts, the failure is a hidden test)])
+#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]), the
+#: format of tests/test_grading_checks.py's FACTS (which can import this table)
 FACTS = {
-    "check_find_breaks": (
+    ("05", "check_find_breaks"): (
         {"breaks_got": _BREAKS},
         [({"breaks_got": {**_BREAKS, "Scorer": _bcase(_B, _B, ["graph_breaks"])}}, False),
          ({"breaks_got": {**_BREAKS, "Scorer": _bcase({**_B, "breaks": 3}, _B)}}, False),
@@ -92,7 +93,7 @@ FACTS = {
                                                       _B)}}, False),
          ({"breaks_got": {**_BREAKS, "Scorer": _bcase({"returned": "(3, 2)"}, _B)}}, False),
          ({"breaks_got": {**_BREAKS, "to_list": _bcase(_B0, _B1)}}, True)]),
-    "check_scorer_nobreak": (
+    ("05", "check_scorer_nobreak"): (
         {"nobreak_counts": _COUNTS, "nobreak_same": [True] * 3},
         [({"nobreak_counts": {**_COUNTS, "graphs": 5, "frames": 5, "breaks": 2,
                               "unsupported": 1}, "nobreak_same": [True] * 3}, False),
@@ -100,14 +101,14 @@ FACTS = {
            "nobreak_same": [True] * 3}, False),
          ({"nobreak_counts": {**_COUNTS, "frames": 2}, "nobreak_same": [True] * 3}, False),
          ({"nobreak_counts": _COUNTS, "nobreak_same": [True, True, False]}, False)]),
-    "check_count_graphs": (
+    ("05", "check_count_graphs"): (
         {"graphs_got": _GRAPHS},
         [({"graphs_got": {**_GRAPHS, "four shapes": {"mine": 4, "ref": 2, "delegated": []}}},
           False),
          ({"graphs_got": {**_GRAPHS, "one shape": {"mine": 1, "ref": 1,
                                                     "delegated": ["count_compiles"]}}}, False),
          ({"graphs_got": {**_GRAPHS, "dtypes": {"mine": 1, "ref": 2, "delegated": []}}}, True)]),
-    "check_no_recompiles": (
+    ("05", "check_no_recompiles"): (
         {"dynamic_got": _DYN},
         [({"dynamic_got": {**_DYN, "normalize_rows": {**_DYN["normalize_rows"], "graphs": 2}}},
           False),
@@ -121,7 +122,7 @@ FACTS = {
          ({"dynamic_got": {**_DYN, "normalize_rows": {**_DYN["normalize_rows"],
                                                       "delegated": ["count_compiles"]}}}, False),
          ({"dynamic_got": {**_DYN, "softmax": {**_DYN["softmax"], "graphs": 2}}}, True)]),
-    "check_generated_kernels": (
+    ("05", "check_generated_kernels"): (
         {"kernels_got": _KERNELS},
         [({"kernels_got": {**_KERNELS, "pointwise_chain": {"mine": _K1 * 2, "ref": _K1,
                                                            "delegated": []}}}, False),
@@ -139,10 +140,11 @@ FACTS = {
 }
 
 
-@pytest.mark.parametrize("gid", sorted(FACTS))
-def test_judge_passes_right_facts_and_fails_wrong_ones(gid):
+@pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_judge_passes_right_facts_and_fails_wrong_ones(key):
+    gid = key[1]
     check = split_check(CHECKS[gid])
-    right, wrongs = FACTS[gid]
+    right, wrongs = FACTS[key]
     verdict = run_judge(check, json.loads(json.dumps(right)), name=gid)
     assert verdict.passed, verdict.message
     for wrong, hidden in wrongs:
@@ -152,7 +154,7 @@ def test_judge_passes_right_facts_and_fails_wrong_ones(gid):
 
 
 def test_every_check_has_judge_tests():
-    assert set(CHECKS) == set(FACTS)
+    assert {("05", gid) for gid in CHECKS} == set(FACTS)
 
 
 # --- the lab's own cells with real answers ---------------------------------------------
