@@ -118,18 +118,22 @@ def _timed_wrappers(student: Any, sizes: Sequence[int], batch: int, link: Simula
     times = _time_steps(ddp_step, data, warmup)
     out[WRAPPERS[3]] = {"step_s": times, "comm_s": comm[-1][0], "messages": comm[-1][1]}
 
-    def accumulate(x, y):  # two micro-batches of half the batch; only the second syncs
-        state.reset()
-        ddp.zero_grad(set_to_none=True)
-        half = x.shape[0] // 2
-        with ddp.no_sync():
-            loss_fn(ddp(x[:half]), y[:half]).backward()
-        loss_fn(ddp(x[half:]), y[half:]).backward()
-        comm.append((sum(state.model.duration_s(r.nbytes) for r in state.records),
-                     len(state.records)))
-    times = _time_steps(accumulate, data, warmup)
-    out["no_sync"] = {"step_s": times, "median_s": statistics.median(times),
-                      "comm_s": comm[-1][0], "messages": comm[-1][1], "micro_batches": 2}
+    for key, skip_first in (("no_sync", True), ("sync_every_micro_batch", False)):
+        def accumulate(x, y, skip_first=skip_first):  # 2 micro-batches, half the batch each
+            state.reset()
+            ddp.zero_grad(set_to_none=True)
+            half = x.shape[0] // 2
+            if skip_first:
+                with ddp.no_sync():  # gradients accumulate locally, nothing is sent
+                    loss_fn(ddp(x[:half]), y[:half]).backward()
+            else:
+                loss_fn(ddp(x[:half]), y[:half]).backward()
+            loss_fn(ddp(x[half:]), y[half:]).backward()
+            comm.append((sum(state.model.duration_s(r.nbytes) for r in state.records),
+                         len(state.records)))
+        times = _time_steps(accumulate, data, warmup)
+        out[key] = {"step_s": times, "median_s": statistics.median(times),
+                    "comm_s": comm[-1][0], "messages": comm[-1][1], "micro_batches": 2}
     for v in WRAPPERS:
         out[v]["median_s"] = statistics.median(out[v]["step_s"]) if out[v]["step_s"] else math.nan
     out["forward_median_s"] = statistics.median(out["forward_s"])
