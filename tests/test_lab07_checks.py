@@ -53,15 +53,16 @@ def _g(**changes) -> dict:
 _SPLIT = [[[32, 32], [0.1, 0.2], [43, 21]], [[40, 20], [0.1, 0.1], [40, 20]],
           [[3, 2, 2], [1.0, 1.0, 1.0], [3, 2, 2]]]
 
-#: grade_id -> (right facts, [(wrong facts, the failure is a hidden test)])
+#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]); ready to
+#: merge into tests/test_grading_checks.py's FACTS as Lab 09's FACTS_09 is
 FACTS_07 = {
-    "check_prediction": (
+    ("07", "check_prediction"): (
         {"prediction": {"loss_at_slow": 0.5, "rebalanced_speedup": 1.5}},
         [({"prediction": {"loss_at_slow": 1.0, "rebalanced_speedup": 1.5}}, False),   # "100 % slower"
          ({"prediction": {"loss_at_slow": 0.25, "rebalanced_speedup": 1.5}}, False),  # averaged over ranks
          ({"prediction": {"loss_at_slow": 0.5, "rebalanced_speedup": 2.0}}, False),   # back to full speed
          ({"prediction": {"loss_at_slow": None, "rebalanced_speedup": None}}, False)]),
-    "check_gather": (
+    ("07", "check_gather"): (
         _g(),
         [(_g(fixed=[[0.1], [0.2]]), False),                     # only its own value
          (_g(fixed=[[0.30000000000000004]] * 2), False),        # all_reduce(SUM)
@@ -69,17 +70,17 @@ FACTS_07 = {
          (_g(gathered=[_GATHERED[0], [[None, None], _GATHERED[0][1]]]), False),
          (_g(gathered=[_GATHERED[0], [[[0.020, 0.010], [0.021, 0.011]], _GATHERED[0][1]]]),
           False)]),
-    "check_detector_recorded": (
+    ("07", "check_detector_recorded"): (
         {"found": _RIGHT_FOUND, "delegated": []},
         [({"found": _RIGHT_FOUND, "delegated": ["detect_stragglers"]}, False),
          ({"found": _found(_with_self), "delegated": []}, False),
          ({"found": _WRONG_N5, "delegated": []}, True)]),
-    "check_detector_live": (
+    ("07", "check_detector_live"): (
         {"live_verdicts": [[1], [1]], "slow_rank": 1},
         [({"live_verdicts": [[], []], "slow_rank": 1}, False),
          ({"live_verdicts": [[0, 1], [0, 1]], "slow_rank": 1}, False),
          ({"live_verdicts": [[1], None], "slow_rank": 1}, False)]),
-    "check_rebalance": (
+    ("07", "check_rebalance"): (
         {"split": _SPLIT},
         [({"split": [[[32, 32], [0.1, 0.2], [21, 43]]]}, False),          # favours the slow rank
          ({"split": [[[40, 20], [0.1, 0.1], [30, 30]]]}, False),          # speed = 1 / time
@@ -90,18 +91,26 @@ FACTS_07 = {
 
 def test_every_check_of_the_lab_is_tabled():
     checks = {g for g in LAB.cells if g and g.startswith("check_")}
-    assert checks == set(FACTS_07)
+    assert {("07", g) for g in checks} == set(FACTS_07)
 
 
-@pytest.mark.parametrize("gid", sorted(FACTS_07))
-def test_lab07_judges(gid):
+@pytest.mark.parametrize("key", sorted(FACTS_07), ids=lambda k: k[1])
+def test_lab07_judges(key):
+    gid = key[1]
     check = split_check(LAB.cells[gid])
-    right, wrongs = FACTS_07[gid]
+    right, wrongs = FACTS_07[key]
     verdict = run_judge(check, json.loads(json.dumps(right)), name=gid)
     assert verdict.passed, verdict.message
     for wrong, hidden in wrongs:
         verdict = run_judge(check, json.loads(json.dumps(wrong)), name=gid)
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
+        assert not verdict.passed and verdict.hidden == hidden and verdict.message, (wrong, verdict)
+
+
+def test_no_judge_reads_a_clock_or_launches():
+    for gid in (k[1] for k in FACTS_07):
+        judge = split_check(LAB.cells[gid]).judge
+        for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_"):
+            assert word not in judge, (gid, word)
 
 
 # -- wrong student code, through the lab's own probes -------------------------------------------
