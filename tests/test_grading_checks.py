@@ -58,19 +58,6 @@ FACTS = {
          "fixed": [100.0, INF, INF]},
         [({"measured": [["training", 10.0, 0.2, 0.1, 50.0]], "fixed": [100.0, INF, INF]}, False),
          ({"measured": [["training", 10.0, 0.2, 0.1, 100.0]], "fixed": [100.0, -100.0, INF]}, True)]),
-    ("06", "check_hook_bytes"): (
-        {"sent": {"none": [100, 200], "fp16": [50, 100], "bf16": [50, 100]}, "sums": [[1.0, 1.0], [1.0, 1.0]]},
-        [({"sent": {"none": [100, 200], "fp16": [100, 200], "bf16": [50, 100]}, "sums": [[1.0, 1.0], [1.0, 1.0]]}, False),
-         ({"sent": {"none": [100, 200], "fp16": [50, 100], "bf16": [50, 100]}, "sums": [[1.5, 1.0], [1.5, 1.0]]}, False)]),
-    ("06", "check_overlap_efficiency"): (
-        {"cases": [[1.0, 0.9, 1.3, 0.3], [0.5, 0.8, 1.0, 0.2]],
-         "yours": [_overlap(1.0, 0.9, 1.3, 0.3), _overlap(0.5, 0.8, 1.0, 0.2)]},
-        [({"cases": [[1.0, 0.9, 1.3, 0.3]], "yours": [_overlap(1.0, 0.9, 1.3, 0.3)[::-1]]}, False)]),
-    ("06", "check_predict_comm"): (
-        {"bucket_lists": _BUCKETS, "link": {"alpha_s": 1e-4, "beta_bytes_per_s": 1.25e8},
-         "predicted": [[_comm(b, 2), _comm(b, 8)] for b in _BUCKETS]},
-        [({"bucket_lists": _BUCKETS, "link": {"alpha_s": 1e-4, "beta_bytes_per_s": 1.25e8},
-           "predicted": [[_comm(b, 2, alpha=0), _comm(b, 8, alpha=0)] for b in _BUCKETS]}, False)]),
     ("07", "check_predicted_loss"): (
         {"mine": [0.0, 0.5, 0.2, 0.75]}, [({"mine": [0.0, 1.0, 0.25, 3.0]}, False)]),
     ("07", "check_loss_matches_prediction"): ({"predicted_half": 0.5},
@@ -102,6 +89,9 @@ FACTS = {
 from test_lab09_checks import FACTS_09  # noqa: E402 - Lab 09's facts live beside its code tests
 
 FACTS.update(FACTS_09)
+from test_lab06_checks import FACTS_06  # noqa: E402 - Lab 06's facts live beside its code tests
+
+FACTS.update(FACTS_06)
 from test_lab03_checks import FACTS as FACTS_03  # noqa: E402 - Labs 03/04's facts live beside
 from test_lab04_checks import FACTS as FACTS_04  # noqa: E402 - their real-answer tests
 
@@ -112,9 +102,7 @@ from test_lab02_checks import CHECKS_TESTED as REAL_02  # noqa: E402 - run on re
 #: Checks whose wrong answers run through the real probes in their own test files.
 REAL_ANSWERS = {("01", g) for g in REAL_01} | {("02", g) for g in REAL_02}
 #: Checks with no student answer before them: they check the lab's own machinery.
-NO_ANSWER = {("06", "check_calibration"): {"cal": {"alpha_s": 10e-3, "beta_bytes_per_s": 1e9 / 8,
-                                                    "sizes": [2**k for k in range(10, 25, 2)],
-                                                    "world_size": 2}}}
+NO_ANSWER: dict = {}
 
 
 def _checks() -> dict[tuple[str, str], str]:
