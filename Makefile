@@ -28,9 +28,12 @@ demo: setup
 
 # Unit tests, labs/ drift, grading, every lab in a real browser (skipped without
 # chromium), then every solution under nbval; prints the wall time per notebook.
+# TEST_WORKERS pytest-xdist processes share the work, a whole file each (a notebook's
+# cells share one kernel): much of the suite waits on kernels, ranks and the browser.
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/perflab data --quiet
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 labs: setup
 	$(VENV)/bin/perflab course build

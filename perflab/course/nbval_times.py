@@ -103,6 +103,8 @@ def write_lab_times(seconds: dict[str, float], failed: dict[str, int],
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller gets every report and writes
     if not any(_LAB_FILE.search(nb) for nb in _seconds):
         return
     import torch
