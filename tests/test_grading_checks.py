@@ -3,15 +3,15 @@ facts and fails on wrong ones (no kernel: judges run on plain JSON values, as in
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from labcheck import assert_judge_decides
 from perflab.course.answers import assemble, autograded
-from perflab.course.checks import split_check, run_judge
+from perflab.course.checks import split_check
 
 ROOT = Path(__file__).resolve().parents[1]
 INF = math.inf
@@ -21,7 +21,8 @@ _KNOBS = {"storage_latency_ms": 5.0, "compute_only": False, "model": "resnet18",
           "image_size": 64, "batch_size": 32, "amp": "off", "device": "cpu", "dataset": "d",
           "seed": 0, "decoded_cache": "off", "device_prefetch": False, "num_workers": 0}
 
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)])
+#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]) for the
+#: checks of labs without their own test file; the labs' own files judge theirs.
 FACTS = {
     ("00", "check_samples_per_s"): ({"got": [320.0, 32.0, 80.0]},
                                     [({"got": [3.2, 32.0, 80.0]}, False)]),
@@ -34,6 +35,7 @@ FACTS = {
            "slow_knobs": _KNOBS}, False),
          ({"fixed_knobs": None, "slow_knobs": _KNOBS}, False)]),
 }
+OWN_FACTS = dict(FACTS)
 from test_lab09_checks import FACTS_09  # noqa: E402 - Lab 09's facts live beside its code tests
 
 FACTS.update(FACTS_09)
@@ -80,17 +82,9 @@ def test_every_check_has_right_and_wrong_facts():
     assert set(CHECKS) == set(FACTS) | REAL_ANSWERS
 
 
-@pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
+@pytest.mark.parametrize("key", sorted(OWN_FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    check = split_check(CHECKS[key])
-    right, wrongs = FACTS[key]
-    right = json.loads(json.dumps(right))  # exactly what travels from the probe
-    verdict = run_judge(check, right, name=key[1])
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=key[1])
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
-        assert verdict.message
+    assert_judge_decides(CHECKS[key], *OWN_FACTS[key], name=key[1])
 
 
 def test_no_check_grades_a_live_timing():

@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from conftest import slow
+from labcheck import assert_judge_decides
 from perflab.course.answers import SKIP_TAG
 from perflab.course.checks import run_judge, split_check
 
@@ -71,14 +72,7 @@ FACTS = {
 
 @pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    check = split_check(check_source(LAB, key[1]))
-    right, wrongs = FACTS[key]
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=key[1])
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=key[1])
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
-        assert verdict.message
+    assert_judge_decides(check_source(LAB, key[1]), *FACTS[key], name=key[1])
 
 
 # --- running the lab's cells with real answers ----------------------------------------

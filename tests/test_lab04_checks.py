@@ -3,12 +3,12 @@ answers — typical mistakes and answers that only delegate to perflab — fail 
 when the lab's own cells run with them (see tests/test_lab03_checks.py for how)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from conftest import slow
+from labcheck import assert_judge_decides
 from perflab.course.checks import run_judge, split_check
 from test_lab03_checks import check_source, run_lab
 
@@ -68,14 +68,7 @@ FACTS = {
 
 @pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    check = split_check(check_source(LAB, key[1]))
-    right, wrongs = FACTS[key]
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=key[1])
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=key[1])
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
-        assert verdict.message
+    assert_judge_decides(check_source(LAB, key[1]), *FACTS[key], name=key[1])
 
 
 def test_segment_prediction_message_does_not_give_the_answer():

@@ -17,6 +17,7 @@ import nbformat
 import pytest
 
 from conftest import slow
+from labcheck import assert_judge_decides
 from perflab.course.answers import SKIP_TAG
 from perflab.course.checks import run_judge, split_check
 
@@ -142,15 +143,7 @@ FACTS = {
 
 @pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    gid = key[1]
-    check = split_check(CHECKS[gid])
-    right, wrongs = FACTS[key]
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=gid)
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=gid)
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
-        assert verdict.message
+    assert_judge_decides(CHECKS[key[1]], *FACTS[key], name=key[1])
 
 
 def test_every_check_has_judge_tests():

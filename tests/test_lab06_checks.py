@@ -6,15 +6,13 @@ cap, a wrapper around DDP, an fp32 or borrowed hook) run on 2 gloo ranks, all in
 launch. The lab's reference file matches DistributedDataParallel's gradients."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from conftest import slow
-from labcheck import Lab
+from labcheck import Lab, assert_judge_decides, grade_reference_and_wrong
 from perflab import GRAD_ATOL, GRAD_RTOL, compare_rank, ideal_step_s, recorded_allreduce_sweep
-from perflab.course.checks import run_judge, split_check
 from perflab.distributed import launch_fn
 
 LAB = Lab("06")
@@ -100,13 +98,7 @@ FACTS_06 = {
 
 @pytest.mark.parametrize("key", sorted(FACTS_06), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_lab06_judges(key):
-    check = split_check(LAB.cells[key[1]])
-    right, wrongs = FACTS_06[key]
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=key[1])
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=key[1])
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
+    assert_judge_decides(LAB.cells[key[1]], *FACTS_06[key], name=key[1])
 
 
 # -- wrong least-squares fits, through the lab's own probe ------------------------------------
@@ -267,28 +259,9 @@ def test_lab06_graded_in_the_sandbox(tmp_path):
     """The real Lab 06 graded as a submission: the %%writefile answer is written in the
     sandbox's scratch folder and imported by the spawned ranks; the reference gets full
     marks, a MyDDP that closes buckets only strictly over the cap loses check_my_ddp only."""
-    import shutil
-
-    import nbformat
-
-    from perflab.course.grading import Limits, grade_submissions
-
-    ref, subs = tmp_path / "reference", tmp_path / "subs"
-    ref.mkdir()
-    shutil.copy(LAB.path, ref / LAB.path.name)
-    (subs / "ref").mkdir(parents=True)
-    shutil.copy(LAB.path, subs / "ref" / LAB.path.name)
-    nb = nbformat.read(str(LAB.path), as_version=4)
-    for c in nb.cells:
-        if c.metadata.get("nbgrader", {}).get("grade_id") == "ddp_file":
-            c.source = c.source.replace("if size >= cap:", "if size > cap:")
-    (subs / "wrong").mkdir()
-    nbformat.write(nb, str(subs / "wrong" / LAB.path.name))
-    grades = {g.student: g for g in grade_submissions(
-        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=1200), jobs=2)}
-    g = grades["ref"]
+    g, wrong = grade_reference_and_wrong(LAB.path, tmp_path, "ddp_file", "if size >= cap:",
+                                         "if size > cap:")
     assert g.points == g.max_points > 0, [(c.grade_id, c.message) for c in g.checks
                                           if c.status != "passed"]
-    wrong = {c.grade_id: c for c in grades["wrong"].checks}
     assert wrong["check_my_ddp"].status == "failed" and wrong["check_my_ddp"].points == 0
     assert all(c.status == "passed" for gid, c in wrong.items() if gid != "check_my_ddp")

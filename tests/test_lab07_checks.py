@@ -7,15 +7,14 @@ probe."""
 from __future__ import annotations
 
 import importlib
-import json
 
 import numpy as np
 import pytest
 
 from conftest import slow
-from labcheck import Lab
+from labcheck import Lab, assert_judge_decides
 from perflab import detect_stragglers, straggler_recording
-from perflab.course.checks import run_judge, split_check
+from perflab.course.checks import split_check
 
 LAB = Lab("07")
 T = {name: c["compute_s"] for name, c in straggler_recording()["cases"].items()}
@@ -96,14 +95,7 @@ def test_every_check_of_the_lab_is_tabled():
 
 @pytest.mark.parametrize("key", sorted(FACTS_07), ids=lambda k: k[1])
 def test_lab07_judges(key):
-    gid = key[1]
-    check = split_check(LAB.cells[gid])
-    right, wrongs = FACTS_07[key]
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=gid)
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=gid)
-        assert not verdict.passed and verdict.hidden == hidden and verdict.message, (wrong, verdict)
+    assert_judge_decides(LAB.cells[key[1]], *FACTS_07[key], name=key[1])
 
 
 def test_no_judge_reads_a_clock_or_launches():

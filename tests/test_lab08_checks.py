@@ -8,15 +8,12 @@ measurements (tests/test_ladder.py's FakeRuns), so no test here times anything.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pandas as pd
 import pytest
-import torch
 
-from labcheck import Lab
+from labcheck import Lab, assert_judge_decides
 from perflab import count_flops, build_model
-from perflab.course.checks import run_judge, split_check
 from perflab.ladder import climb
 from perflab.ladder_rungs import RUNGS, naive_config
 from perflab.report_check import (flatten_numbers, report_numbers, report_problems,
@@ -102,14 +99,7 @@ FACTS = {
 
 @pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    check = split_check(LAB.cells[key[1]])
-    right, wrongs = FACTS[key]
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=key[1])
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=key[1])
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
-        assert verdict.message
+    assert_judge_decides(LAB.cells[key[1]], *FACTS[key], name=key[1])
 
 
 def test_every_lab08_check_has_facts():

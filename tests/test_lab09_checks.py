@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import slow
+from labcheck import assert_judge_decides, grade_reference_and_wrong
 from perflab.course.checks import run_judge, split_check
 from perflab.distributed import launch_fn
 from perflab.sharding_run import mlp, sharding_rank, unsharded_adamw
@@ -97,13 +98,7 @@ def _cell(gid: str) -> str:
 
 @pytest.mark.parametrize("key", sorted(FACTS_09), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_lab09_judges(key):
-    check = split_check(_cell(key[1]))
-    right, wrongs = FACTS_09[key]
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=key[1])
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=key[1])
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
+    assert_judge_decides(_cell(key[1]), *FACTS_09[key], name=key[1])
 
 
 # -- wrong student code, run on ranks, judged through the lab's own probe ----------------------
@@ -195,26 +190,9 @@ def test_lab09_graded_in_the_sandbox(tmp_path):
     """The real Lab 09 graded as a submission: the %%writefile answer is written in the
     sandbox's scratch folder and imported by the spawned ranks; the reference gets full
     marks, a ZeRO-1 that never broadcasts loses check_zero1 and nothing before it."""
-    import shutil
-
-    from perflab.course.grading import Limits, grade_submissions
-
-    ref, subs = tmp_path / "reference", tmp_path / "subs"
-    ref.mkdir()
-    shutil.copy(LAB, ref / LAB.name)
-    (subs / "ref").mkdir(parents=True)
-    shutil.copy(LAB, subs / "ref" / LAB.name)
-    nb = nbformat.read(str(LAB), as_version=4)
-    for c in nb.cells:
-        if c.metadata.get("nbgrader", {}).get("grade_id") == "zero1_file":
-            c.source = c.source.replace("dist.broadcast(p.data, src=r)", "pass")
-    (subs / "wrong").mkdir()
-    nbformat.write(nb, str(subs / "wrong" / LAB.name))
-    grades = {g.student: g for g in grade_submissions(
-        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=1200), jobs=2)}
-    g = grades["ref"]
+    g, wrong = grade_reference_and_wrong(LAB, tmp_path, "zero1_file",
+                                         "dist.broadcast(p.data, src=r)", "pass")
     assert g.points == g.max_points > 0, [(c.grade_id, c.message) for c in g.checks
                                           if c.status != "passed"]
-    wrong = {c.grade_id: c for c in grades["wrong"].checks}
     assert wrong["check_zero1"].status == "failed" and wrong["check_zero1"].points == 0
     assert wrong["check_state_bytes"].status == "passed"
