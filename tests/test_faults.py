@@ -286,7 +286,9 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     assert alive == [], "ranks outlived their launcher"
 
 
-def test_launch_leaves_no_temp_folder_and_warns_when_oversubscribed(monkeypatch):
+def test_launch_leaves_no_temp_folder_and_warns_when_oversubscribed(monkeypatch, tmp_path):
+    # a private temp folder: other tests' launches (pytest-xdist) make their own meanwhile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     tmp = Path(tempfile.gettempdir())
     before = set(tmp.glob("perflab-launch-*")) | set(tmp.glob("perflab-progress-*"))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)

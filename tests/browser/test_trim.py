@@ -78,6 +78,13 @@ def test_reads_see_free_names_of_functions_but_not_their_locals():
     assert sure == maybe == {"f"}
 
 
+def test_writefile_cells_before_the_last_panel_are_kept_whole():
+    nb = _nb("import importlib, perflab", "%%writefile mine.py\ndef f():\n    return 1",
+             "mine = importlib.import_module('mine')", "perflab.experiment_panel(mine.f)",
+             "%%writefile later.py\nx = 1")
+    assert trim_to_panels(nb).kept == {1: None, 2: None, 3: None, 4: None}
+
+
 def test_magics_are_transformed_before_parsing():
     nb = _nb("%matplotlib inline\nimport perflab", "!echo hi\nk = 1", "perflab.experiment_panel(k)")
     assert trim_to_panels(nb).kept == {1: None, 2: [1], 3: None}

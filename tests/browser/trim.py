@@ -4,8 +4,10 @@ nbval runs every solution in full; the browser tests only have to show that the 
 work in a real JupyterLab. So each lab is served as a trimmed copy, built by this rule:
 
 * a **panel cell** is a code cell that calls a function whose name ends in ``_panel``
-  (``experiment_panel``, ``bucket_panel``, ``ladder_panel``, ...); panel cells and the
-  first code cell (imports, preset, environment set-up) are kept whole;
+  (``experiment_panel``, ``bucket_panel``, ``ladder_panel``, ...); panel cells, the
+  first code cell (imports, preset, environment set-up) and every ``%%writefile`` cell
+  before the last panel (the student's module, which a kept statement may import by a
+  name in a string, ``importlib.import_module("...")``) are kept whole;
 * from the code cells before the last panel cell, a **backward slice over names**: walking
   back from the last panel cell, a top-level statement is kept when it binds a name that
   a kept statement after it reads. Binding is assigning, importing, ``def``/``class``,
@@ -185,7 +187,9 @@ def trim_to_panels(nb: nbformat.NotebookNode, *, name: str = "notebook") -> Trim
     imported = {n for t in trees.values() for s in t.body
                 if isinstance(s, (ast.Import, ast.ImportFrom))
                 for n in _bindings(s, set())[0]}
-    whole = {code[0][0], *panels}
+    writes = {i for i, c in code
+              if i < panels[-1] and c.source.lstrip().startswith("%%writefile")}
+    whole = {code[0][0], *panels, *writes}
     before_last = [i for i, _ in reversed(code) if i <= panels[-1]]
     later: set[str] = set()  # read by kept functions: needed when the panels run
     while True:
