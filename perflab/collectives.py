@@ -116,15 +116,9 @@ def recorded_allreduce_sweep(name: str = "allreduce_sweep_gloo2.json"
     Raises:
         ValueError: no recording of that name (the message lists the shipped ones).
     """
-    import json
-    from importlib.resources import files
+    from perflab.storage import read_recording
 
-    folder = files("perflab") / "recordings"
-    path = folder / name
-    if not path.is_file():
-        shipped = sorted(p.name for p in folder.iterdir() if p.name.startswith("allreduce_"))
-        raise ValueError(f"no recording {name!r}; shipped: {shipped}")
-    meta = json.loads(path.read_text())
+    meta = read_recording(name, "allreduce_")
     table = pd.DataFrame(meta.pop("rows"))
     table["algbw_GBps"] = table.size_bytes / table.time_s / 1e9
     table["busbw_GBps"] = [busbw_bytes_per_s(n, t, int(w)) / 1e9 for n, t, w

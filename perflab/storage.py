@@ -259,3 +259,24 @@ class FileLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def read_recording(name: str, prefix: str) -> dict:
+    """The parsed JSON of ``perflab/recordings/<name>``, a recording shipped with the
+    package (see perflab/recordings/README.md); ``prefix`` is the kind of recording
+    (``"allreduce_"``, ``"straggler_"``) the caller reads.
+
+    Raises:
+        ValueError: ``name`` does not start with ``prefix`` or is not shipped (the
+            message lists the shipped recordings of that kind).
+    """
+    from importlib.resources import files
+
+    folder = files("perflab") / "recordings"
+    path = folder / name
+    if not name.startswith(prefix) or not path.is_file():
+        shipped = sorted(p.name for p in folder.iterdir()
+                         if p.name.startswith(prefix) and p.name.endswith(".json"))
+        raise ValueError(f"no shipped {prefix.rstrip('_')} recording {name!r}; shipped: "
+                         f"{shipped} (perflab/recordings/)")
+    return json.loads(path.read_text())

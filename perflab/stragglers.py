@@ -253,11 +253,6 @@ def straggler_recording(name: str = "straggler_timings.json") -> dict:
     Raises:
         ValueError: no recording of that name ships with perflab.
     """
-    import json
-    from importlib.resources import files
+    from perflab.storage import read_recording
 
-    path = files("perflab") / "recordings" / name
-    if not name.startswith("straggler_") or not path.is_file():
-        raise ValueError(f"no shipped straggler recording {name!r}; the default is "
-                         "'straggler_timings.json' (perflab/recordings/)")
-    return json.loads(path.read_text())
+    return read_recording(name, "straggler_")
