@@ -55,7 +55,7 @@ _PUBLIC: dict[str, list[str]] = {
     "compilation": ["CompileCount", "CompileTiming", "GraphBreaks", "KernelSummary", "break_even_steps", "compile_overhead_s", "count_compiles", "describe_break_even", "generated_code", "graph_breaks", "kernel_summary", "op_time_share", "time_compile"],
     "compile_cache": ["CacheRun", "inductor_cache_dir", "run_in_fresh_process", "timing_from_runs"],
     "workloads": ["FakeAsyncDevice", "NUM_CLASSES", "TrainingParts", "pointwise_chain", "pointwise_inputs", "synthetic_batch", "tiny_training", "train_on_batches", "training_parts"],
-    "overlap": ["IDEALS", "ideal_step_s", "overlap_efficiency", "overlap_metrics", "overlap_table", "plot_overlap", "run_ddp"],
+    "overlap": ["IDEALS", "ideal_step_s", "last_bucket_s", "machine_bound_s", "overlap_efficiency", "overlap_metrics", "overlap_table", "plot_overlap", "run_ddp"],
     "ddp_check": ["GRAD_ATOL", "GRAD_RTOL", "bucket_recorder_hook", "compare_rank", "grads_of", "record_allreduces"],
     "ddp_measure": ["HOOKS", "WRAPPERS", "lab06_rank", "measure_rank", "wrapper_table"],
     "collectives": ["AlphaBetaFit", "SWEEP_SIZES_BYTES", "algbw_bytes_per_s", "allreduce_sweep", "busbw_bytes_per_s", "fit_alpha_beta", "link_hook_probe", "plot_alpha_beta", "recorded_allreduce_sweep"],

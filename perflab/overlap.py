@@ -5,14 +5,26 @@ From one rank's :class:`~perflab.result.RunResult` of a data-parallel run (media
 * compute = the "compute" phase (the same step under ``no_sync``: no communication),
 * comm = the "comm" phase (the step's buckets allreduced alone, in order),
 * step = the "step" phase (DDP: forward, backward with allreduces in flight, optimizer),
-* forward = the "forward" phase;
+* forward, optimizer = the DDP step's "forward" and "optimizer" phases;
+* comm_cpu = the CPU time (all of the rank's threads) of the comm phase: the REAL
+  allreduce's work (gloo copies and reduces on the same cores as compute);
+* last bucket = the time of the bucket DDP sends last (the first layers' gradients,
+  ready only when backward ends): on a simulated link its modelled time, on the real
+  backend comm x its share of the bytes;
 * exposed communication = step - compute (the allreduce time the step did not hide);
 * overlap efficiency = (compute + comm - step) / (compute + comm - ideal): 0 when the
   step is compute + comm (nothing hidden), 1 when it reaches the ideal, against two
   ideals: the textbook ``max(compute, comm)`` and the bound DDP can reach,
   ``max(compute, forward + comm)``: allreduces start only when backward produces
   gradients, so the forward pass never overlaps them (Li et al. 2020, "PyTorch
-  Distributed: Experiences on Accelerating Data Parallel Training", VLDB, section 3.2.3).
+  Distributed: Experiences on Accelerating Data Parallel Training", VLDB, section 3.2.3);
+  and a third, **this machine's bound** (:func:`machine_bound_s`), which adds what cannot
+  overlap on a machine whose allreduce runs on the compute cores: the real allreduce's CPU
+  time and the last bucket, which can only start once backward ends, before the optimizer.
+
+The worker (:mod:`perflab.distributed.worker`) interleaves the compute-only, DDP and
+comm-alone steps (one of each per measured step), so a burst of load from other programs
+hits all three alike and the bound's terms and the step come from the same moments.
 
 Every table and plot of a run on a simulated link names the link (its ``describe()``).
 """
@@ -27,13 +39,16 @@ import pandas as pd
 from perflab.config import RunConfig
 from perflab.distributed import launch
 from perflab.figures import new_ax
+from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink
 from perflab.result import RunResult
 
-__all__ = ["overlap_efficiency", "ideal_step_s", "overlap_metrics", "overlap_table",
+__all__ = ["overlap_efficiency", "ideal_step_s", "machine_bound_s", "last_bucket_s",
+           "overlap_metrics", "overlap_table",
            "plot_overlap", "run_ddp", "IDEALS"]
 
-#: The two ideals an overlap efficiency is measured against.
-IDEALS = ("textbook", "ddp")
+#: The ideals an overlap efficiency is measured against: the textbook max(compute, comm),
+#: DDP's bound max(compute, forward + comm), and this machine's bound (machine_bound_s).
+IDEALS = ("textbook", "ddp", "machine")
 
 
 def ideal_step_s(compute_s: float, comm_s: float, forward_s: float | None = None) -> float:
@@ -48,6 +63,73 @@ def ideal_step_s(compute_s: float, comm_s: float, forward_s: float | None = None
         if not isinstance(v, (int, float, np.floating)) or not v >= 0:
             raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
     return max(compute_s, comm_s if forward_s is None else forward_s + comm_s)
+
+
+def machine_bound_s(compute_s: float, comm_s: float, forward_s: float, optimizer_s: float,
+                    comm_cpu_s: float, last_bucket_s: float) -> float:
+    """The step time DDP can reach on THIS machine, seconds::
+
+        max(compute + comm_cpu + last_bucket, forward + comm + optimizer)
+
+    The first term: backward cannot end before its compute, plus the CPU the real
+    allreduce takes from the same cores (on a CPU machine gloo reduces on the cores that
+    compute; with spare cores or a GPU, ``comm_cpu_s`` is ~0), plus the last bucket, which
+    is ready only when backward ends and must finish before the optimizer runs. The second:
+    no allreduce starts before backward produces gradients (so not during forward), the
+    link sends the buckets one after another, and the optimizer waits for the last. It is
+    DDP's bound (:func:`ideal_step_s` with ``forward_s``; Li et al. 2020, VLDB, section
+    3.2.3) with those terms added, so it is >= it.
+
+    Args:
+        compute_s: the compute-only step (no_sync), forward + backward + optimizer.
+        comm_s: the buckets allreduced alone (through the link, if any).
+        forward_s, optimizer_s: the DDP step's forward and optimizer phases.
+        comm_cpu_s: CPU seconds of the real allreduce (all the rank's threads).
+        last_bucket_s: the time of the bucket sent last (:func:`last_bucket_s`).
+
+    Raises:
+        ValueError: a negative or non-numeric time (the message names it).
+    """
+    terms = {"compute_s": compute_s, "comm_s": comm_s, "forward_s": forward_s,
+             "optimizer_s": optimizer_s, "comm_cpu_s": comm_cpu_s,
+             "last_bucket_s": last_bucket_s}
+    for name, v in terms.items():
+        if not isinstance(v, (int, float, np.floating)) or not v >= 0:
+            raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
+    return max(compute_s + comm_cpu_s + last_bucket_s, forward_s + comm_s + optimizer_s)
+
+
+def last_bucket_s(buckets: Sequence[dict[str, int]], comm_s: float, *,
+                  link: SimulatedLink | None = None, world_size: int = 2,
+                  compression: str = "none") -> float:
+    """Seconds the bucket DDP sends LAST takes on the wire, seconds.
+
+    DDP sends its buckets in index order (:func:`perflab.distributed.ddp.ddp_buckets`);
+    the last holds the first layers' gradients, ready only when backward ends. With a
+    ``link``: its modelled time, alpha + wire bytes / beta
+    (:meth:`perflab.link.LinkModel.duration_s`), of the bytes sent (halved by fp16/bf16
+    compression). Without one: ``comm_s`` times the bucket's share of the bytes (the real
+    backend's time per byte, measured; its alpha is not separated out).
+
+    Args:
+        buckets: ``[{"index", "nbytes"}, ...]`` (fp32 bytes), as ``ddp_buckets`` returns.
+        comm_s: the measured seconds of all buckets allreduced alone.
+        link, world_size, compression: the run's link, ranks and comm-hook compression.
+
+    Raises:
+        ValueError: no buckets, or an unknown compression.
+    """
+    if not buckets:
+        raise ValueError("buckets is empty: last_bucket_s needs DDP's buckets "
+                         "(perflab.distributed.ddp.ddp_buckets after the first step)")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {tuple(COMPRESSIONS)}, "
+                         f"got {compression!r}")
+    last = max(buckets, key=lambda b: b["index"])["nbytes"]
+    if link is not None:
+        sent = last // 2 if COMPRESSIONS[compression] is not None else last
+        return LinkModel(link, world_size=world_size).duration_s(sent)
+    return comm_s * last / sum(b["nbytes"] for b in buckets)
 
 
 def overlap_efficiency(compute_s: float, comm_s: float, step_s: float,
@@ -84,8 +166,10 @@ def _eff(compute: float, comm: float, step: float, ideal: float) -> float:
 
 
 def overlap_metrics(result: RunResult) -> dict[str, Any]:
-    """Compute, comm, step, forward, exposed comm, both ideals and both efficiencies of
-    one rank's run (medians, seconds), with the buckets DDP built.
+    """Compute, comm, step, forward, exposed comm, the three ideals (:data:`IDEALS`) and
+    the three efficiencies of one rank's run (medians, seconds), with the buckets DDP built
+    and this machine's bound's terms (optimizer, comm_cpu, last_bucket; NaN for a result
+    recorded before the worker measured "comm_cpu").
 
     Raises:
         ValueError: the result lacks a "compute", "comm", "step" or "forward" phase
@@ -100,16 +184,27 @@ def overlap_metrics(result: RunResult) -> dict[str, Any]:
     ideal_tb, ideal_ddp = ideal_step_s(compute, comm), ideal_step_s(compute, comm, fwd)
     buckets = result.extra.get("buckets", [])
     link = result.config.link
+    opt = result.phases["optimizer"].median if "optimizer" in result.phases else math.nan
+    cpu = result.phases["comm_cpu"].median if "comm_cpu" in result.phases else math.nan
+    hook = result.config.comm_hook
+    last = (last_bucket_s(buckets, comm, link=link, world_size=result.config.world_size,
+                          compression=hook if hook in ("fp16", "bf16") else "none")
+            if buckets else math.nan)
+    terms = (compute, comm, fwd, opt, cpu, last)
+    ideal_m = math.nan if any(math.isnan(t) for t in terms) else machine_bound_s(*terms)
     return {
         "label": result.label, "rank": result.rank, "bucket_cap_mb": result.config.bucket_cap_mb,
         "link": link.describe() if link else "real backend (no simulated link)",
         "buckets": len(buckets),
         "bucket_mb": [round(b["nbytes"] / 2 ** 20, 2) for b in buckets],
         "forward_s": fwd, "compute_s": compute, "comm_s": comm, "step_s": step,
+        "optimizer_s": opt, "comm_cpu_s": cpu, "last_bucket_s": last,
         "exposed_comm_s": step - compute,
-        "ideal_textbook_s": ideal_tb, "ideal_ddp_s": ideal_ddp,
+        "ideal_textbook_s": ideal_tb, "ideal_ddp_s": ideal_ddp, "ideal_machine_s": ideal_m,
         "overlap_eff_textbook": _eff(compute, comm, step, ideal_tb),
         "overlap_eff_ddp": _eff(compute, comm, step, ideal_ddp),
+        "overlap_eff_machine": (math.nan if math.isnan(ideal_m)
+                                else _eff(compute, comm, step, ideal_m)),
     }
 
 
@@ -157,12 +252,17 @@ def plot_overlap(table: pd.DataFrame, x: str = "bucket_cap_mb", ax: Any = None,
             label="DDP bound max(compute, fwd + comm)")
     ax.plot(pos + w, g["ideal_textbook_ms"], "r_", markersize=18, mew=2,
             label="textbook max(compute, comm)")
+    if "ideal_machine_ms" in g and g["ideal_machine_ms"].notna().any():
+        ax.plot(pos + w, g["ideal_machine_ms"], "b_", markersize=18, mew=2,
+                label="this machine's bound (+ allreduce CPU, last bucket, optimizer)")
     ax.set_xticks(pos, [str(v) for v in g.index])
     ax.set_xlabel(x)
     ax.set_ylabel("ms per step (median)")
     ax2 = ax.twinx()
     ax2.plot(pos, g["overlap_eff_ddp"], "ko-", label="overlap eff. vs DDP bound")
     ax2.plot(pos, g["overlap_eff_textbook"], "rs--", label="overlap eff. vs textbook")
+    if "overlap_eff_machine" in g and g["overlap_eff_machine"].notna().any():
+        ax2.plot(pos, g["overlap_eff_machine"], "b^:", label="overlap eff. vs this machine")
     ax2.set_ylabel("overlap efficiency")
     ax2.axhline(0, color="grey", lw=0.5)
     h1, l1 = ax.get_legend_handles_labels()

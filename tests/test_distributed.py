@@ -26,6 +26,7 @@ from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import _innermost_frame
 from perflab.rank_plots import plot_loss_vs_prediction, plot_rank_timeline
 from perflab.link import SimulatedLink
+from perflab.overlap import overlap_metrics
 from perflab.straggler import Straggler
 from perflab.timing import Stopwatch
 from tests.synthetic import synthetic_result
@@ -139,8 +140,10 @@ def test_launch_trains_every_rank_and_measures_what_the_labs_read(tiny_dataset, 
     assert [r.rank for r in results] == [0, 1]
     for r in results:
         assert {"data", "forward", "backward", "optimizer", "other", "step", "compute",
-                "comm"} <= set(r.phases)
-        assert r.phases["step"].n == r.phases["compute"].n == r.phases["comm"].n == 4
+                "comm", "comm_cpu"} <= set(r.phases)
+        assert (r.phases["step"].n == r.phases["compute"].n == r.phases["comm"].n
+                == r.phases["comm_cpu"].n == 4)
+        assert min(r.phases["comm_cpu"].times_s) >= 0
         assert len(r.losses) == 6 and all(math.isfinite(v) for v in r.losses)
         assert Path(r.path).name.endswith(f"-rank{r.rank}.json")
         b = r.extra["buckets"]
@@ -181,6 +184,9 @@ def test_hooks_links_and_accumulation_run_and_keep_replicas_equal(tiny_dataset, 
     if kw.get("link"):
         assert results[0].extra["link"].startswith("simulated link 1gbe")
         assert results[0].phases["comm"].median > 0
+        m = overlap_metrics(results[0])  # every term of this machine's bound measured
+        assert m["last_bucket_s"] > 0 and m["comm_cpu_s"] >= 0
+        assert m["ideal_machine_s"] >= m["ideal_ddp_s"]
 
 
 @pytest.mark.parametrize("kw, match", [

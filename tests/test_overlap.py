@@ -10,8 +10,8 @@ from perflab.env import env_summary
 from perflab.link import SimulatedLink
 from perflab.measurement import Measurement
 from perflab.memory import PeakMemory
-from perflab.overlap import (ideal_step_s, overlap_efficiency, overlap_metrics, overlap_table,
-                             plot_overlap, run_ddp)
+from perflab.overlap import (ideal_step_s, last_bucket_s, machine_bound_s, overlap_efficiency,
+                             overlap_metrics, overlap_table, plot_overlap, run_ddp)
 from perflab.result import RunResult
 
 
@@ -49,10 +49,37 @@ def test_ideal_rejects_negative_times():
         ideal_step_s(1.0, 1.0, forward_s=-1.0)
 
 
+def test_machine_bound_adds_what_cannot_overlap_here():
+    # backward's end: compute 0.45 + allreduce CPU 0.05 + last bucket 0.01 = 0.51
+    # the link: forward 0.13 + comm 0.36 + optimizer 0.02 = 0.51 -> the larger of the two
+    assert machine_bound_s(0.45, 0.36, 0.13, 0.02, 0.05, 0.01) == pytest.approx(0.51)
+    assert machine_bound_s(0.45, 0.36, 0.13, 0.02, 0.20, 0.01) == pytest.approx(0.66)
+    assert machine_bound_s(0.45, 0.50, 0.13, 0.02, 0.0, 0.0) == pytest.approx(0.65)
+    # never below DDP's bound max(compute, forward + comm)
+    for args in [(0.45, 0.36, 0.13, 0.02, 0.05, 0.01), (1.0, 0.1, 0.5, 0.0, 0.0, 0.0)]:
+        assert machine_bound_s(*args) >= ideal_step_s(args[0], args[1], args[2])
+    with pytest.raises(ValueError, match="comm_cpu_s"):
+        machine_bound_s(0.45, 0.36, 0.13, 0.02, -0.05, 0.01)
+
+
+def test_last_bucket_is_the_highest_index_on_the_link():
+    link = SimulatedLink(alpha_s=1e-3, beta_bytes_per_s=1e6)
+    buckets = [{"index": 1, "nbytes": 4000}, {"index": 0, "nbytes": 1000}]
+    # bucket 1 is sent last: 1 ms + 4000 B / 1 MB/s (2 ranks: wire bytes = message bytes)
+    assert last_bucket_s(buckets, 0.5, link=link) == pytest.approx(5e-3)
+    assert last_bucket_s(buckets, 0.5, link=link, compression="fp16") == pytest.approx(3e-3)
+    # real backend: comm x the bucket's share of the bytes
+    assert last_bucket_s(buckets, 0.5) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="buckets is empty"):
+        last_bucket_s([], 0.5)
+
+
 def fake_result(step_s=0.6, compute_s=0.45, comm_s=0.36, forward_s=0.13, bucket_cap_mb=1.0,
-                link=SimulatedLink.preset("1gbe"), rank=0, phases=None):
+                link=SimulatedLink.preset("1gbe"), rank=0, phases=None, optimizer_s=0.02,
+                comm_cpu_s=0.05):
     config = RunConfig(world_size=2, bucket_cap_mb=bucket_cap_mb, link=link, steps=3)
-    times = {"step": step_s, "compute": compute_s, "comm": comm_s, "forward": forward_s}
+    times = {"step": step_s, "compute": compute_s, "comm": comm_s, "forward": forward_s,
+             "optimizer": optimizer_s, "comm_cpu": comm_cpu_s}
     if phases is not None:
         times = {k: v for k, v in times.items() if k in phases}
     return RunResult(
@@ -73,6 +100,19 @@ def test_metrics_from_a_recorded_run():
     assert m["overlap_eff_textbook"] == pytest.approx((0.81 - 0.6) / (0.81 - 0.45))
     assert (m["buckets"], m["bucket_mb"]) == (2, [1.0, 0.5])
     assert "simulated link 1gbe" in m["link"]
+    # this machine's bound: the last bucket (index 1, 0.5 MiB) on 1 Gbit/s
+    last = 50e-6 + 2 ** 19 / 125e6
+    assert m["last_bucket_s"] == pytest.approx(last)
+    assert m["ideal_machine_s"] == pytest.approx(max(0.45 + 0.05 + last, 0.13 + 0.36 + 0.02))
+    assert m["overlap_eff_machine"] == pytest.approx(
+        (0.81 - 0.6) / (0.81 - m["ideal_machine_s"]))
+    assert m["overlap_eff_machine"] > m["overlap_eff_ddp"]
+
+
+def test_metrics_of_a_run_without_comm_cpu_leave_the_machine_bound_out():
+    m = overlap_metrics(fake_result(phases=("step", "compute", "comm", "forward")))
+    assert math.isnan(m["ideal_machine_s"]) and math.isnan(m["overlap_eff_machine"])
+    assert m["overlap_eff_ddp"] == pytest.approx((0.81 - 0.6) / (0.81 - 0.49))
 
 
 def test_metrics_need_the_ddp_phases():

@@ -10,18 +10,25 @@ happen there; DDP's communication hook is registered once, by :func:`wrap_ddp`).
 (``seed + rank`` seeds the shuffle and the augmentations of the rank's loader); the
 models start equal because DDP broadcasts rank 0's parameters when it wraps the model.
 
-A run measures four blocks of steps, in this order:
+A run measures three kinds of step, INTERLEAVED (after their warm-ups: ``warmup_steps``
+compute-only steps, then as many DDP steps, then one allreduce alone), one of each per
+measured step, so a burst of load from other programs hits all three alike (the overlap
+bound's terms and the step it bounds come from the same moments):
 
-1. ``compute`` (warm-up + ``steps``): the step under ``model.no_sync()``, no allreduce:
-   the compute-only step time. Its warm-up median is the base of
-   ``Straggler(delay_frac=...)``. Model and optimizer state are restored afterwards, so
-   the ranks stay identical.
-2. the DDP steps (warm-up + ``steps``): phases data, forward, backward (DDP's allreduce
-   overlapped with it), optimizer, other, step; all but the last micro-batch of
-   ``accumulation_steps`` under ``no_sync``. DDP's buckets are read after this block.
-3. ``comm`` (``steps``): the gradient allreduce alone, DDP's bucket sizes in DDP's
-   order through the same link / compression
-   (:func:`perflab.collectives.timed_allreduce_buckets`), no compute.
+1. ``compute``: the step under ``model.no_sync()``, no allreduce: the compute-only step
+   time. Its warm-up median is the base of ``Straggler(delay_frac=...)``. Model and
+   optimizer state are restored after each (outside the timed step), so the ranks stay
+   identical.
+2. the DDP step: phases data, forward, backward (DDP's allreduce overlapped with it),
+   optimizer, other, step; all but the last micro-batch of ``accumulation_steps`` under
+   ``no_sync``. DDP's buckets are read after the first one (DDP rebuilds them then).
+3. ``comm``: the gradient allreduce alone, DDP's bucket sizes in DDP's order through the
+   same link / compression (:func:`perflab.collectives.timed_allreduce_buckets`), no
+   compute; ``comm_cpu``: the CPU time of this process (all threads, gloo's included)
+   during it, the real allreduce's work, which competes with compute on a CPU machine.
+
+Then, with a straggler only:
+
 4. only with ``config.straggler`` (``steps``): local compute (data, forward, backward
    under ``no_sync``, with the injected delay; then the optimizer) and, between
    backward and optimizer, the gradient allreduce done by hand bucket by bucket
@@ -40,6 +47,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import time
 from typing import Any
 
 import torch
@@ -70,7 +78,7 @@ def rank_device(config: RunConfig) -> torch.device:
 
 
 def total_steps(config: RunConfig) -> int:
-    """Steps :func:`ddp_worker` runs for ``config`` (all four blocks, warm-up included)."""
+    """Steps :func:`ddp_worker` runs for ``config`` (every kind of step, warm-up included)."""
     w, n = config.warmup_steps, config.steps
     return 2 * (w + n) + n + (n if config.straggler else 0)
 
@@ -91,6 +99,16 @@ class _Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def _snapshot(model: Any, optimizer: Any) -> tuple[dict, dict]:
+    return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+
+
+def _restore(model: Any, optimizer: Any, saved: tuple[dict, dict]) -> None:
+    model.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _block(model: Any, optimizer: Any, batches: BatchStream, config: RunConfig,
@@ -115,14 +133,14 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
                step_offset: int = 0) -> RunResult:
     """Train ``config`` on this rank of an initialised process group; measure it.
 
-    See the module docstring for the four blocks and what each measures. Runs on every
+    See the module docstring for what each kind of step measures. Runs on every
     rank; ``progress`` shows a tqdm bar on rank 0; with ``progress_file`` rank 0 writes
     ``step_offset`` + the steps done so far into that file after every step.
 
     Returns:
         This rank's :class:`RunResult` (``rank`` set, not saved): phases "data",
         "forward", "backward", "optimizer", "other", "step" (DDP steps), "compute",
-        "comm" (seconds); ``extra`` with "buckets", "link", "straggler", "delay_s",
+        "comm", "comm_cpu" (seconds); ``extra`` with "buckets", "link", "straggler", "delay_s",
         "per_step" (None without a straggler), "all_ranks_compute_s", "backend",
         "world_size", "data_seed", "param_checksum" (sum of all parameters at the end).
     """
@@ -146,36 +164,42 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
     straggler = StragglerDelay(s.where if s else "none")  # sleeps on the slow rank only
     run = functools.partial(_block, ddp, optimizer, batches, config, scaler, straggler)
     try:
-        # 1. compute-only (no_sync); restore the state after, so ranks stay identical
-        saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
-        comp = PhaseTimer(device)
+        # Warm-up, in the measured order: compute-only steps (their median is the
+        # straggler delay's base), DDP steps (the delay off; DDP rebuilds its buckets
+        # after the first), then the buckets' allreduce alone once.
+        comp, timer = PhaseTimer(device), PhaseTimer(device)
+        saved = _snapshot(model, optimizer)
         run(w, comp, bar, sync=False)
+        _restore(model, optimizer, saved)
         if s is not None and rank == s.rank:
             if s.delay_s is not None:
                 straggler.delay_s = s.delay_s
             else:
                 # check_ddp_config made sure w >= 2: the median of the warm-up steps
                 straggler.delay_s = s.delay_frac * comp.measurements(warmup=0)["step"].median
-        run(n, comp, bar, sync=False)
-        model.load_state_dict(saved[0])
-        optimizer.load_state_dict(saved[1])
-        optimizer.zero_grad(set_to_none=True)
-        # 2. DDP steps (the delay is off during warm-up)
         delay, straggler.delay_s = straggler.delay_s, 0.0
-        timer = PhaseTimer(device)
         losses = run(w, timer, bar, sync=True, link_state=link_state)
         straggler.delay_s = delay
-        losses += run(n, timer, bar, sync=True, link_state=link_state)
-        buckets = ddp_buckets(ddp)
-        # 3. the allreduce alone, DDP's buckets through the same link / compression
         compression = config.comm_hook if config.comm_hook in ("fp16", "bf16") else "none"
-        sizes = [b["nbytes"] for b in buckets]
-        timed_allreduce_buckets(sizes, link=config.link, compression=compression)  # warm-up
-        comm_s = []
+        sizes: list[int] | None = None
+        comm_s: list[float] = []
+        comm_cpu_s: list[float] = []
+        # 1-3 interleaved, one of each per measured step, so load from other programs
+        # hits the compute-only step, the DDP step and the allreduce alone alike.
         for _ in range(n):
+            saved = _snapshot(model, optimizer)  # outside the timed steps
+            run(1, comp, bar, sync=False)
+            _restore(model, optimizer, saved)  # ranks stay identical
+            losses += run(1, timer, bar, sync=True, link_state=link_state)
+            if sizes is None:
+                sizes = [b["nbytes"] for b in ddp_buckets(ddp)]
+                timed_allreduce_buckets(sizes, link=config.link, compression=compression)
+            cpu0 = time.process_time()  # every thread of this process: gloo's too
             comm_s.append(timed_allreduce_buckets(sizes, link=config.link,
                                                   compression=compression))
+            comm_cpu_s.append(time.process_time() - cpu0)
             bar.update()
+        buckets = ddp_buckets(ddp)
         # 4. straggler runs: local compute, then the allreduce by hand (= the wait)
         per_step = None
         if s is not None:
@@ -199,6 +223,7 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
     phases["compute"] = comp.measurements(warmup=w, samples_per_step=config.samples_per_step,
                                           label=label)["step"].relabel(f"{label} compute")
     phases["comm"] = Measurement(label=f"{label} comm", times_s=tuple(comm_s))
+    phases["comm_cpu"] = Measurement(label=f"{label} comm CPU", times_s=tuple(comm_cpu_s))
     env = env_summary(config.device, config.dataset).to_dict()
     env["torch_threads"] = torch.get_num_threads()
     extra = {"buckets": buckets, "link": config.link.describe() if config.link else None,
