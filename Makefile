@@ -26,16 +26,22 @@ demo: setup
 	$(VENV)/bin/perflab data
 	$(VENV)/bin/perflab run --preset quick
 
-# Unit tests, labs/ drift, grading, every lab in a real browser (skipped without
-# chromium), then every solution under nbval; prints the wall time per notebook.
-# TEST_WORKERS > 0: that many pytest-xdist processes share the work, a whole file each
-# (a notebook's cells share one kernel); for machines with more cores. On CI's 2 cores
-# two workers gained nothing (tests 1,739 s; the labs' own runs slowed each other) and
-# made launches contend, so the default is serial.
-TEST_WORKERS ?= 0
+# Unit tests, labs/ drift and grading first, in TEST_WORKERS pytest-xdist processes (a
+# whole file each): they are mostly process start-ups, sandboxes and small models, one
+# core each. Then the labs, alone in one process, because their measurements use every
+# core: every lab in a real browser (skipped without chromium), then every solution under
+# nbval (prints the wall time per notebook). Both parts always run; make fails if either
+# failed. TEST_WORKERS=0 runs the first part serially too.
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/perflab data --quiet
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+	@rc=0; \
+	echo "== unit, grading and course tests ($(TEST_WORKERS) xdist workers)"; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 tests \
+		--ignore=tests/browser || rc=$$?; \
+	echo "== the labs: in the browser, then under nbval (one process)"; \
+	$(PY) -m pytest --durations=10 tests/browser solutions || rc=$$?; \
+	exit $$rc
 
 labs: setup
 	$(VENV)/bin/perflab course build
