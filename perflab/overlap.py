@@ -78,7 +78,9 @@ def machine_bound_s(compute_s: float, comm_s: float, forward_s: float, optimizer
     no allreduce starts before backward produces gradients (so not during forward), the
     link sends the buckets one after another, and the optimizer waits for the last. It is
     DDP's bound (:func:`ideal_step_s` with ``forward_s``; Li et al. 2020, VLDB, section
-    3.2.3) with those terms added, so it is >= it.
+    3.2.3) with those terms added, so it is >= it. It is an estimate, not a hard floor:
+    the allreduce's CPU time counts in full, but part of it can run while this rank
+    waits for the other (an efficiency a little above 1 against it means that).
 
     Args:
         compute_s: the compute-only step (no_sync), forward + backward + optimizer.
@@ -102,7 +104,7 @@ def machine_bound_s(compute_s: float, comm_s: float, forward_s: float, optimizer
 def last_bucket_s(buckets: Sequence[dict[str, int]], comm_s: float, *,
                   link: SimulatedLink | None = None, world_size: int = 2,
                   compression: str = "none") -> float:
-    """Seconds the bucket DDP sends LAST takes on the wire, seconds.
+    """The time the bucket DDP sends LAST takes on the wire, seconds.
 
     DDP sends its buckets in index order (:func:`perflab.distributed.ddp.ddp_buckets`);
     the last holds the first layers' gradients, ready only when backward ends. With a
