@@ -31,7 +31,7 @@ demo: setup
 # chromium), then every solution under nbval (prints the wall time per notebook). Both
 # parts always run; make fails if either failed. TEST_WORKERS > 0 runs the first part in
 # that many pytest-xdist processes (a whole file each), for machines with more cores: on
-# CI's 2 cores, 2 workers took longer (621 s against about 570 s serially; the sandboxed
+# CI's 2 cores, 2 workers took longer (621 s against 582 s serially; the sandboxed
 # gradings and 2-rank launches are CPU-bound) and two sandboxed gradings running at once
 # stopped early, so the default is serial.
 TEST_WORKERS ?= 0

@@ -8,8 +8,9 @@ exactly one panel rendered per panel cell, each with its Run button enabled, pre
 FIRST panel's Run button once (what the UI has to prove; every panel's runs are measured
 by nbval and the panel unit tests), waits until the panel is ready for the next run (Run
 enabled again), and checks that its plot image loaded (non-zero natural width), that no
-panel shows an error, no widget failed to render and no traceback shows. A notebook without a panel is run whole with the same checks.
-A screenshot per lab goes to ``test-output/browser/``.
+panel shows an error, no widget failed to render and no traceback shows. A notebook
+without a panel is run whole with the same checks. A screenshot per lab goes to
+``test-output/browser/``.
 """
 from __future__ import annotations
 
