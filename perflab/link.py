@@ -182,6 +182,12 @@ class LinkModel:
 COMPRESSIONS = {"none": None, **LOW_PRECISION_DTYPES}
 
 
+def hook_compression(comm_hook: str) -> str:
+    """The :data:`COMPRESSIONS` key a ``RunConfig.comm_hook`` casts buckets with: "fp16"
+    or "bf16" for those hooks, "none" for every other hook (allreduce, powersgd, ...)."""
+    return comm_hook if comm_hook in LOW_PRECISION_DTYPES else "none"
+
+
 class LinkHookState:
     """State of :func:`link_hook`: the link model, the process group and this step's records.
 

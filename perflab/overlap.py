@@ -38,8 +38,9 @@ import pandas as pd
 
 from perflab.config import RunConfig
 from perflab.distributed import launch
+from perflab.distributed.ddp import check_compression
 from perflab.figures import new_ax
-from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink
+from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink, hook_compression
 from perflab.result import RunResult
 
 __all__ = ["overlap_efficiency", "ideal_step_s", "machine_bound_s", "last_bucket_s",
@@ -124,9 +125,7 @@ def last_bucket_s(buckets: Sequence[dict[str, int]], comm_s: float, *,
     if not buckets:
         raise ValueError("buckets is empty: last_bucket_s needs DDP's buckets "
                          "(perflab.distributed.ddp.ddp_buckets after the first step)")
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {tuple(COMPRESSIONS)}, "
-                         f"got {compression!r}")
+    check_compression(compression)
     last = max(buckets, key=lambda b: b["index"])["nbytes"]
     if link is not None:
         sent = last // 2 if COMPRESSIONS[compression] is not None else last
@@ -188,9 +187,8 @@ def overlap_metrics(result: RunResult) -> dict[str, Any]:
     link = result.config.link
     opt = result.phases["optimizer"].median if "optimizer" in result.phases else math.nan
     cpu = result.phases["comm_cpu"].median if "comm_cpu" in result.phases else math.nan
-    hook = result.config.comm_hook
     last = (last_bucket_s(buckets, comm, link=link, world_size=result.config.world_size,
-                          compression=hook if hook in ("fp16", "bf16") else "none")
+                          compression=hook_compression(result.config.comm_hook))
             if buckets else math.nan)
     terms = (compute, comm, fwd, opt, cpu, last)
     ideal_m = math.nan if any(math.isnan(t) for t in terms) else machine_bound_s(*terms)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from perflab.config import RunConfig
-from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink, register_link_hook
+from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink, hook_compression, register_link_hook
 from perflab.timing import PerfCounterClock
 
 __all__ = ["check_compression", "timed_allreduce_buckets", "check_ddp_config", "wrap_ddp",
@@ -96,7 +96,7 @@ def register_comm_hook(ddp: DistributedDataParallel, comm_hook: str,
                          f"got {comm_hook!r}")
     link_state = None
     if link is not None:
-        compression = comm_hook if comm_hook in ("fp16", "bf16") else "none"
+        compression = hook_compression(comm_hook)
         link_state = register_link_hook(ddp, link, compression=compression)
     elif comm_hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

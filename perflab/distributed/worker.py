@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 
 from perflab.config import RunConfig
 from perflab.env import env_summary
+from perflab.link import hook_compression
 from perflab.loading import BatchStream
 from perflab.measurement import Measurement
 from perflab.memory import read_peak, reset_peak
@@ -180,7 +181,7 @@ def ddp_worker(config: RunConfig, progress: bool = False, progress_file: str | N
         delay, straggler.delay_s = straggler.delay_s, 0.0
         losses = run(w, timer, bar, sync=True, link_state=link_state)
         straggler.delay_s = delay
-        compression = config.comm_hook if config.comm_hook in ("fp16", "bf16") else "none"
+        compression = hook_compression(config.comm_hook)
         sizes: list[int] | None = None
         comm_s: list[float] = []
         comm_cpu_s: list[float] = []
