@@ -119,3 +119,30 @@ def test_sandbox_fallback_is_loud_and_required_mode_refuses(tmp_path, monkeypatc
 
 def test_sandbox_inside_path_is_the_scratch_folder():
     assert SANDBOX_WORK.startswith("/tmp/")
+
+
+def test_two_graders_on_one_machine_claim_different_slot_uids(tmp_path, monkeypatch):
+    """A slot uid held by another grader (another process) is skipped, so neither
+    grader's kill-by-uid reaches the other's notebook; a released uid is reused."""
+    import subprocess
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    holder = subprocess.Popen(  # another grader, holding slot 0's uid until stdin closes
+        [sys.executable, "-c",
+         "import sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
+         "from perflab.course.sandbox import _claim_uid\n"
+         "with _claim_uid(0) as uid:\n"
+         "    print(uid, flush=True); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert int(holder.stdout.readline()) == sandbox.SLOT_UID_BASE
+        with sandbox._claim_uid(0) as mine:
+            assert mine == sandbox.SLOT_UID_BASE + 1
+            with sandbox._claim_uid(0) as third:  # a third run, this process: the next
+                assert third == sandbox.SLOT_UID_BASE + 2
+        with sandbox._claim_uid(1) as again:       # released: slot 1's own uid again
+            assert again == sandbox.SLOT_UID_BASE + 1
+    finally:
+        holder.communicate("", timeout=30)
+    with sandbox._claim_uid(0) as free:            # the holder exited: slot 0 is free
+        assert free == sandbox.SLOT_UID_BASE

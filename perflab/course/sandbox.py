@@ -29,13 +29,16 @@ subprocess with the same rlimits and a loud warning (``sandbox="auto"``), or ref
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Literal, Sequence
@@ -47,6 +50,8 @@ __all__ = ["SandboxLimits", "SandboxRun", "sandbox_status", "run_sandboxed", "SA
 SANDBOX_WORK = "/tmp/work"
 #: Unprivileged uid of parallel slot k (when the grader runs as root): SLOT_UID_BASE + k.
 SLOT_UID_BASE = 61000
+#: How many slot uids the graders on one machine share (see ``_claim_uid``).
+SLOT_UIDS = 64
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -250,6 +255,40 @@ def _kill_uid(uid: int) -> None:
             pass
 
 
+@contextlib.contextmanager
+def _claim_uid(slot: int):
+    """Hold a slot uid for this run, machine-wide, and yield it.
+
+    Two graders on one machine (two ``perflab course grade`` processes, or two pytest-xdist
+    workers) both number their slots from 0; each run kills every process of its uid
+    before and after it runs, so sharing a uid would kill the other grader's notebook.
+    Each uid has a lock file (``flock``, released by the kernel when the holder dies):
+    the run takes the first free uid from ``SLOT_UID_BASE + slot`` on, and waits for its
+    own when all :data:`SLOT_UIDS` are taken. Where the lock folder cannot be made, the
+    slot's own uid is used unlocked (the behaviour before locks)."""
+    folder = Path(tempfile.gettempdir()) / "perflab-sandbox-slots"
+    try:
+        folder.mkdir(mode=0o755, exist_ok=True)
+    except OSError:
+        yield SLOT_UID_BASE + slot
+        return
+    order = [SLOT_UID_BASE + (slot + k) % SLOT_UIDS for k in range(SLOT_UIDS)]
+    for i, uid in enumerate(order):
+        f = open(folder / f"{uid}.lock", "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (fcntl.LOCK_NB if i < len(order) - 1 else 0))
+        except BlockingIOError:
+            f.close()
+            continue
+        break
+    else:  # unreachable: the last try blocks until its uid is free
+        raise AssertionError("no slot uid claimed")
+    try:
+        yield uid
+    finally:
+        f.close()  # releases the lock
+
+
 def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
                   limits: SandboxLimits, log_path: Path, hide: Sequence[Path] = (),
                   pass_fds: Sequence[int] = (), slot: int = 0,
@@ -265,7 +304,9 @@ def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
         log_path: host file that receives stdout and stderr (a file, not a pipe).
         hide: host folders (or files) made invisible inside (empty tmpfs / /dev/null).
         pass_fds: open file descriptors the command inherits (the verdict channel).
-        slot: parallel slot number: picks the unprivileged uid when running as root.
+        slot: parallel slot number: the first unprivileged uid tried when running as
+            root (a uid another grader on this machine holds is skipped, see
+            ``_claim_uid``).
         mode: ``"bwrap"`` requires bubblewrap; ``"auto"`` falls back to a plain
             subprocess with a warning; ``"none"`` never sandboxes (tests, debugging).
 
@@ -282,10 +323,19 @@ def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
     warning = "" if sandboxed else (
         f"WARNING: NOT SANDBOXED ({why}): this submission ran as a plain subprocess with "
         "rlimits only; it could read and write your files")
-    uid = (SLOT_UID_BASE + slot) if sandboxed and os.geteuid() == 0 and _root_mode()[0] \
-        else None
-    if sandboxed and os.geteuid() == 0 and uid is None:
+    drop = sandboxed and os.geteuid() == 0 and _root_mode()[0]
+    if sandboxed and os.geteuid() == 0 and not drop:
         warning = f"WARNING: {_root_mode()[1]}"
+    with _claim_uid(slot) if drop else contextlib.nullcontext(None) as uid:
+        return _run(cmd, scratch=scratch, env=env, limits=limits, log_path=log_path,
+                    hide=hide, pass_fds=pass_fds, uid=uid, sandboxed=sandboxed,
+                    warning=warning)
+
+
+def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: SandboxLimits,
+         log_path: Path, hide: Sequence[Path], pass_fds: Sequence[int], uid: int | None,
+         sandboxed: bool, warning: str) -> SandboxRun:
+    """:func:`run_sandboxed` with the slot's uid claimed (None: no uid to drop to)."""
     if uid is not None:
         _kill_uid(uid)  # nothing may be left from an earlier run in this slot
         for root, dirs, files in os.walk(scratch):
