@@ -26,23 +26,38 @@ demo: setup
 	$(VENV)/bin/perflab data
 	$(VENV)/bin/perflab run --preset quick
 
-# Unit tests, labs/ drift and grading first; then the labs, alone in one process, because
-# their measurements use every core: every lab in a real browser (skipped without
-# chromium), then every solution under nbval (prints the wall time per notebook). Both
-# parts always run; make fails if either failed. TEST_WORKERS > 0 runs the first part in
-# that many pytest-xdist processes (a whole file each), for machines with more cores: on
-# CI's 2 cores, 2 workers took longer (621 s against 582 s serially; the sandboxed
-# gradings and 2-rank launches are CPU-bound) and two sandboxed gradings running at once
-# stopped early, so the default is serial.
-TEST_WORKERS ?= 0
+# Unit tests, labs/ drift and grading in TEST_WORKERS pytest-xdist processes (a whole file
+# each), one OpenMP thread each, with every lab in a real browser alongside (skipped
+# without chromium; its log printed when it ends); then every solution under nbval, alone,
+# because the labs' measurements use every core (prints the wall time per notebook). All
+# parts always run; make fails if any failed. TEST_WORKERS=0 runs them one after another
+# in this process, with torch's default threads. Measured on CI's 2 cores: serially the
+# unit part keeps about one core busy (598 s wall for 585 CPU-s); 2 workers with torch's
+# default threads oversubscribe the cores (574 s wall, 796 CPU-s: OpenMP threads spin
+# waiting for each other); 2 workers with one thread each took 464 s (582 CPU-s). Two
+# sandboxed gradings at once claim different slot uids (perflab.course.sandbox).
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/perflab data --quiet
 	@rc=0; \
-	echo "== unit, grading and course tests (xdist workers: $(TEST_WORKERS))"; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 tests \
-		--ignore=tests/browser || rc=$$?; \
-	echo "== the labs: in the browser, then under nbval (one process)"; \
-	$(PY) -m pytest --durations=10 tests/browser solutions || rc=$$?; \
+	if [ "$(TEST_WORKERS)" = 0 ]; then \
+		echo "== unit, grading and course tests, then the labs in the browser"; \
+		$(PY) -m pytest --durations=10 tests || rc=$$?; \
+	else \
+		export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; \
+		log=$$(mktemp "$${TMPDIR:-/tmp}/perflab-browser-tests.XXXXXX"); \
+		( $(PY) -m pytest --durations=10 tests/browser > "$$log" 2>&1; \
+		  echo $$? > "$$log.rc" ) & \
+		echo "== unit, grading and course tests ($(TEST_WORKERS) xdist workers); the browser too"; \
+		$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 tests \
+			--ignore=tests/browser || rc=$$?; \
+		wait; \
+		echo "== the labs in the browser (ran alongside)"; cat "$$log"; \
+		[ "$$(cat "$$log.rc")" = 0 ] || rc=1; rm -f "$$log" "$$log.rc"; \
+		unset OMP_NUM_THREADS MKL_NUM_THREADS; \
+	fi; \
+	echo "== the labs under nbval (alone)"; \
+	$(PY) -m pytest --durations=10 solutions || rc=$$?; \
 	exit $$rc
 
 labs: setup
