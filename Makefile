@@ -26,39 +26,26 @@ demo: setup
 	$(VENV)/bin/perflab data
 	$(VENV)/bin/perflab run --preset quick
 
-# Unit tests, labs/ drift and grading in TEST_WORKERS pytest-xdist processes (a whole file
-# each), one OpenMP thread each, with every lab in a real browser alongside (skipped
-# without chromium; its log printed when it ends); then every solution under nbval, alone,
-# because the labs' measurements use every core (prints the wall time per notebook). All
-# parts always run; make fails if any failed. TEST_WORKERS=0 runs them one after another
-# in this process, with torch's default threads. Measured on CI's 2 cores: serially the
-# unit part keeps about one core busy (598 s wall for 585 CPU-s); 2 workers with torch's
-# default threads oversubscribe the cores (574 s wall, 796 CPU-s: OpenMP threads spin
-# waiting for each other); 2 workers with one thread each took 464 s (582 CPU-s). Two
-# sandboxed gradings at once claim different slot uids (perflab.course.sandbox).
+# Every test in one pytest run: the solutions under nbval (prints the wall time per
+# notebook), every lab in a real browser (skipped without chromium), the unit, grading and
+# course tests. TEST_WORKERS pytest-xdist processes share them, a whole file (or
+# notebook) each, the notebooks first (the longest); each runs with one OpenMP thread, so
+# the workers do not oversubscribe the cores. TEST_WORKERS=0 runs everything in this
+# process with torch's default threads and saves each lab's nbval time for `perflab labs`
+# (side by side, a lab's time is not its own: not saved). Measured on CI's 2 cores, unit
+# part alone: serially 598 s wall for 585 CPU-s (about one core busy); 2 workers with
+# torch's default threads 574 s for 796 CPU-s (OpenMP threads spin waiting for each
+# other); 2 workers with one thread each 464 s for 582 CPU-s. Two sandboxed gradings at
+# once claim different slot uids (perflab.course.sandbox).
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/perflab data --quiet
-	@rc=0; \
-	if [ "$(TEST_WORKERS)" = 0 ]; then \
-		echo "== unit, grading and course tests, then the labs in the browser"; \
-		$(PY) -m pytest --durations=10 tests || rc=$$?; \
+	@if [ "$(TEST_WORKERS)" = 0 ]; then \
+		$(PY) -m pytest --durations=15 solutions tests; \
 	else \
-		export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1; \
-		log=$$(mktemp "$${TMPDIR:-/tmp}/perflab-browser-tests.XXXXXX"); \
-		( $(PY) -m pytest --durations=10 tests/browser > "$$log" 2>&1; \
-		  echo $$? > "$$log.rc" ) & \
-		echo "== unit, grading and course tests ($(TEST_WORKERS) xdist workers); the browser too"; \
-		$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 tests \
-			--ignore=tests/browser || rc=$$?; \
-		wait; \
-		echo "== the labs in the browser (ran alongside)"; cat "$$log"; \
-		[ "$$(cat "$$log.rc")" = 0 ] || rc=1; rm -f "$$log" "$$log.rc"; \
-		unset OMP_NUM_THREADS MKL_NUM_THREADS; \
-	fi; \
-	echo "== the labs under nbval (alone)"; \
-	$(PY) -m pytest --durations=10 solutions || rc=$$?; \
-	exit $$rc
+		OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) \
+			--dist loadfile --durations=15 solutions tests; \
+	fi
 
 labs: setup
 	$(VENV)/bin/perflab course build

@@ -282,7 +282,7 @@ def cmd_labs(args: argparse.Namespace) -> int:
               f"{row.question}")
     where = lab_times_path()
     if table.nbval_s.isna().all():
-        print(f"\nnbval time: not measured yet on this machine (run `make test`; the times "
+        print(f"\nnbval time: not measured yet on this machine (run `make check-solutions`; the times "
               f"are saved in {where})")
     else:
         print(f"\nnbval time: the solution notebook run top to bottom under nbval by the "

@@ -4,8 +4,8 @@ run time of each lab as the last test run on this machine measured it.
 ``LABS`` is the one list of labs: ``labs/00_start_here.ipynb``, ``perflab labs``,
 ``perflab doctor`` and the README's lab table show it (a test keeps the README in step).
 Run times come from ``lab_times.json`` in the results folder, which the pytest plugin
-:mod:`perflab.course.nbval_times` rewrites after every nbval run of the solutions
-(``make test``): nothing here is typed in.
+:mod:`perflab.course.nbval_times` rewrites after every nbval run of the solutions that
+timed them alone (``make check-solutions``): nothing here is typed in.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def read_lab_times(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
             raise TypeError
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ValueError(f"{path} is not a lab-times file (format {LAB_TIMES_FORMAT}); "
-                         "delete it and run `make test` to measure again") from None
+                         "delete it and run `make check-solutions` to measure again") from None
     return notebooks
 
 

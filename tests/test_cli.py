@@ -225,7 +225,7 @@ def test_labs_command(results_dir, capsys):
     out = capsys.readouterr().out
     for lab in LABS:
         assert f"{lab.number}  {lab.title}" in out and lab.question in out
-    assert "not measured yet on this machine (run `make test`" in out
+    assert "not measured yet on this machine (run `make check-solutions`" in out
     results_dir.mkdir(parents=True)
     (results_dir / "lab_times.json").write_text(json.dumps({"format": 1, "notebooks": {
         "01": {"seconds": 95.2, "preset": "quick"}}}))

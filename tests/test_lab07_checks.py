@@ -47,6 +47,16 @@ _GATHERED = [[[[0.010, 0.020], [0.011, 0.021]], [[0.010, 0.022], [0.012, 0.020]]
 _GATHER = {"fixed": [[0.1, 0.2], [0.1, 0.2]], "own": _OWN, "gathered": _GATHERED}
 
 
+#: The straggler phase's gathered compute seconds (steps x ranks): rank 1 twice as slow,
+#: or (a loaded machine where rank 0 was slowed as much) no rank slower in 6 of 10 steps.
+_SLOW = [[0.010 + 0.001 * (s % 3), 0.021 + 0.001 * (s % 2)] for s in range(10)]
+_EVEN = [[0.020, 0.021] if s % 2 else [0.021, 0.020] for s in range(10)]
+
+
+def _live(v0, v1, gathered=_SLOW) -> dict:
+    return {"live": [{"verdict": v0, "gathered": gathered}, {"verdict": v1, "gathered": gathered}]}
+
+
 def _g(**changes) -> dict:
     return {"gather_facts": {**_GATHER, **changes}}
 _SPLIT = [[[32, 32], [0.1, 0.2], [43, 21]], [[40, 20], [0.1, 0.1], [40, 20]],
@@ -75,10 +85,13 @@ FACTS_07 = {
          ({"found": _found(_with_self), "delegated": []}, False),
          ({"found": _WRONG_N5, "delegated": []}, True)]),
     ("07", "check_detector_live"): (
-        {"live_verdicts": [[1], [1]], "slow_rank": 1},
-        [({"live_verdicts": [[], []], "slow_rank": 1}, False),
-         ({"live_verdicts": [[0, 1], [0, 1]], "slow_rank": 1}, False),
-         ({"live_verdicts": [[1], None], "slow_rank": 1}, False)]),
+        _live([1], [1]),
+        [(_live([], []), False),                                 # missed the slow rank
+         (_live([0, 1], [0, 1]), False),                         # flags the fast one too
+         (_live([1], None), False),                              # rank 1's detector raised
+         (_live([1], [1], gathered=_EVEN), False),               # hard-coded [1]: no straggler
+         (_live([1], [1], gathered=[[0.01, 0.02]] * 9 + [None]), False),  # a step not gathered
+         (_live([1], [1], gathered=[[0.01]] * 10), False)]),     # one value per step
     ("07", "check_rebalance"): (
         {"split": _SPLIT},
         [({"split": [[[32, 32], [0.1, 0.2], [21, 43]]]}, False),          # favours the slow rank
@@ -166,6 +179,15 @@ def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch, lab_ns)
     assert not LAB.judge(ns, gid).passed
     other = "check_rebalance" if gid == "check_detector_recorded" else "check_detector_recorded"
     assert LAB.judge(dict(ns), other).passed, f"{name} should fail {gid} only"
+
+
+def test_live_check_follows_this_run_s_times_not_the_injection():
+    """On a loaded machine the injected rank may not look slow: the reference rule then
+    answers [] on the gathered times, and a detector that says so passes."""
+    check = LAB.cells["check_detector_live"]
+    assert_judge_decides(check, _live([], [], gathered=_EVEN),
+                         [(_live([1], [1], gathered=_EVEN), False), (_live([], []), False)],
+                         name="check_detector_live")
 
 
 @slow

@@ -55,7 +55,7 @@ def test_default_path_follows_perflab_results(results_dir):
 def test_a_file_that_is_not_lab_times(tmp_path, text):
     path = tmp_path / "lab_times.json"
     path.write_text(text)
-    with pytest.raises(ValueError, match="is not a lab-times file .* run `make test`"):
+    with pytest.raises(ValueError, match="is not a lab-times file .* run `make check-solutions`"):
         read_lab_times(path)
 
 
@@ -159,6 +159,23 @@ def test_plugin_survives_an_unwritable_results_folder(tmp_path, monkeypatch):
     nbval_times.pytest_sessionfinish(_session(lines), 0)
     nbval_times.pytest_configure(None)
     assert len(lines) == 1 and lines[0].startswith("lab times not saved: ")
+
+
+def test_plugin_saves_nothing_when_notebooks_ran_beside_other_tests(results_dir):
+    """`make test` runs nbval in 2 pytest-xdist workers: a lab's time there is not its
+    own, so it is printed, not saved; one process (-n 0) saves it."""
+    lines: list[str] = []
+    tr = SimpleNamespace(section=lambda title: None, write_line=lines.append)
+    for workers, saved in ((2, False), (0, True)):
+        nbval_times.pytest_configure(None)
+        nbval_times.pytest_runtest_logreport(_report("solutions/03_c.ipynb::Cell 0", 2.0))
+        session = _session([])
+        session.config.option = SimpleNamespace(numprocesses=workers)
+        nbval_times.pytest_sessionfinish(session, 0)
+        nbval_times.pytest_terminal_summary(tr)
+        assert (results_dir / "lab_times.json").exists() == saved, workers
+        assert ("2 pytest-xdist workers" in lines[-1]) == (not saved), lines[-1]
+    nbval_times.pytest_configure(None)
 
 
 def test_plugin_writes_nothing_without_notebooks(results_dir):

@@ -7,7 +7,10 @@ summary, so CI shows what each lab costs against the course's time budget.
 At the end of the session the totals of lab notebooks (``NN_*.ipynb``) are also merged
 into ``lab_times.json`` in the results folder (:func:`perflab.labs_index.lab_times_path`)
 with the date, preset and machine, written atomically; ``labs/00_start_here.ipynb`` and
-``perflab labs`` show them. A lab not run in this session keeps its earlier entry.
+``perflab labs`` show them. A lab not run in this session keeps its earlier entry. A
+session that ran its tests in several pytest-xdist workers (``make test``) prints the
+totals but saves nothing: a notebook that shared the cores with other tests did not take
+its own time (``make check-solutions`` runs the labs one at a time).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ _seconds: dict[str, float] = {}
 _failed: dict[str, int] = {}
 _cells: dict[str, int] = {}
 _written: list[Path] = []
+_not_saved: list[str] = []
 
 _LAB_FILE = re.compile(r"(?:^|/)(\d\d)_[^/]*\.ipynb$")
 
@@ -33,6 +37,7 @@ def pytest_configure(config) -> None:
     _failed.clear()
     _cells.clear()
     _written.clear()
+    _not_saved.clear()
 
 
 def pytest_runtest_logreport(report) -> None:
@@ -107,6 +112,12 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         return  # a pytest-xdist worker: the controller gets every report and writes
     if not any(_LAB_FILE.search(nb) for nb in _seconds):
         return
+    workers = getattr(getattr(session.config, "option", None), "numprocesses", None) or 0
+    if workers > 1:
+        _not_saved.append(f"lab times not saved: the notebooks shared the cores with other "
+                          f"tests ({workers} pytest-xdist workers); `make check-solutions` "
+                          "times each lab alone")
+        return
     import torch
 
     from perflab.labs_index import lab_times_path
@@ -134,3 +145,5 @@ def pytest_terminal_summary(terminalreporter) -> None:
     tr.write_line(f"{sum(_seconds.values()):8.1f} s  all {len(_seconds)} notebooks")
     for path in _written:
         tr.write_line(f"saved to {path} (shown by labs/00_start_here.ipynb, `perflab labs`)")
+    for why in _not_saved:
+        tr.write_line(why)
