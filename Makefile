@@ -26,22 +26,30 @@ demo: setup
 	$(VENV)/bin/perflab data
 	$(VENV)/bin/perflab run --preset quick
 
-# Every test in one pytest run: the solutions under nbval (prints the wall time per
-# notebook), every lab in a real browser (skipped without chromium), the unit, grading and
-# course tests. TEST_WORKERS pytest-xdist processes share them, a whole file (or
-# notebook) each, the notebooks first (the longest); each runs with one OpenMP thread, so
-# the workers do not oversubscribe the cores. TEST_WORKERS=0 runs everything in this
-# process with torch's default threads and saves each lab's nbval time for `perflab labs`
-# (side by side, a lab's time is not its own: not saved). Measured on CI's 2 cores, unit
-# part alone: serially 598 s wall for 585 CPU-s (about one core busy); 2 workers with
-# torch's default threads 574 s for 796 CPU-s (OpenMP threads spin waiting for each
-# other); 2 workers with one thread each 464 s for 582 CPU-s. Two sandboxed gradings at
-# once claim different slot uids (perflab.course.sandbox).
-TEST_WORKERS ?= 2
+# Unit, grading and course tests first; then the labs, alone in one process, because
+# their measurements use every core: every lab in a real browser (skipped without
+# chromium), then every solution under nbval (prints, and saves for `perflab labs`, the
+# wall time per notebook). Both parts always run; make fails if either failed.
+# TEST_WORKERS=2 instead runs everything in one pytest run shared by 2 pytest-xdist
+# processes (a whole file or notebook each, the notebooks first), one OpenMP thread each
+# so they do not oversubscribe the cores; lab times are then printed, not saved (a lab
+# sharing the cores did not take its own time). Measured on CI's 2 cores, unit part
+# alone: serially 598 s wall for 585 CPU-s (about one core busy); 2 workers with torch's
+# default threads 574 s for 796 CPU-s (OpenMP threads spin waiting for each other); 2
+# workers with one thread each 464 s for 582 CPU-s. Whole CI: 1,424-1,591 s serially,
+# 1,270-1,282 s with 2 workers, but under that load 3 tests that assert timings failed in
+# 2 of 3 runs (2 fixed, 1 loosened); serial stays the default until a few more runs pass.
+# Two sandboxed gradings at once claim different slot uids (perflab.course.sandbox).
+TEST_WORKERS ?= 0
 test: setup
 	$(VENV)/bin/perflab data --quiet
 	@if [ "$(TEST_WORKERS)" = 0 ]; then \
-		$(PY) -m pytest --durations=15 solutions tests; \
+		rc=0; \
+		echo "== unit, grading and course tests"; \
+		$(PY) -m pytest --durations=10 tests --ignore=tests/browser || rc=$$?; \
+		echo "== the labs: in the browser, then under nbval (one process)"; \
+		$(PY) -m pytest --durations=10 tests/browser solutions || rc=$$?; \
+		exit $$rc; \
 	else \
 		OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) \
 			--dist loadfile --durations=15 solutions tests; \
