@@ -282,8 +282,8 @@ def cmd_labs(args: argparse.Namespace) -> int:
               f"{row.question}")
     where = lab_times_path()
     if table.nbval_s.isna().all():
-        print(f"\nnbval time: not measured yet on this machine (run `make check-solutions`; the times "
-              f"are saved in {where})")
+        print(f"\nnbval time: not measured yet on this machine (run `make check-solutions`; "
+              f"the times are saved in {where})")
     else:
         print(f"\nnbval time: the solution notebook run top to bottom under nbval by the "
               f"last test run ({where})")

@@ -323,8 +323,9 @@ def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
     warning = "" if sandboxed else (
         f"WARNING: NOT SANDBOXED ({why}): this submission ran as a plain subprocess with "
         "rlimits only; it could read and write your files")
-    drop = sandboxed and os.geteuid() == 0 and _root_mode()[0]
-    if sandboxed and os.geteuid() == 0 and not drop:
+    as_root = sandboxed and os.geteuid() == 0
+    drop = as_root and _root_mode()[0]
+    if as_root and not drop:
         warning = f"WARNING: {_root_mode()[1]}"
     with _claim_uid(slot) if drop else contextlib.nullcontext(None) as uid:
         return _run(cmd, scratch=scratch, env=env, limits=limits, log_path=log_path,

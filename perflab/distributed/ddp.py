@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from perflab.config import RunConfig
-from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink, hook_compression, register_link_hook
+from perflab.link import (COMPRESSIONS, LinkModel, SimulatedLink, hook_compression,
+                          register_link_hook)
 from perflab.timing import PerfCounterClock
 
 __all__ = ["check_compression", "timed_allreduce_buckets", "check_ddp_config", "wrap_ddp",
