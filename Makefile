@@ -13,11 +13,27 @@ setup: $(VENV)/.perflab-installed
 # --system-site-packages keeps a torch the user already has (e.g. their own CUDA build);
 # the tested torch is installed only when none imports. A student needs only
 # `pip install .`; this adds the course tooling, the test tools and the browser tests.
+# When the tested torch was installed here (pip: the machine's pip configuration finds its
+# wheel), uv installs the ~150 other packages, torch held at the installed version: it
+# resolves, downloads and byte-compiles in parallel (85 s for the whole set-up on CI's
+# 2 cores, 105 s with pip). uv does not see packages outside the venv, so with a torch of
+# the user's own (outside .venv) pip installs the rest and keeps it.
 # The kernel 'perflab' ("Python (perflab)") lets VS Code or another Jupyter use .venv.
 $(VENV)/.perflab-installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==$(TORCH_TESTED)"
-	$(PY) -m pip install -e ".[dev,course,browser]"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install \
+		"torch==$(TORCH_TESTED)" "uv>=0.8"
+	@if [ -x $(VENV)/bin/uv ] && $(PY) -c "import sys, torch; \
+			sys.exit(not torch.__file__.startswith(sys.prefix))"; then \
+		echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" \
+			> $(VENV)/torch-constraint.txt; \
+		echo "$(VENV)/bin/uv pip install -e .[dev,course,browser] (torch held)"; \
+		$(VENV)/bin/uv pip install --python $(PY) --compile-bytecode \
+			--constraint $(VENV)/torch-constraint.txt -e ".[dev,course,browser]"; \
+	else \
+		echo "$(PY) -m pip install -e .[dev,course,browser]"; \
+		$(PY) -m pip install -e ".[dev,course,browser]"; \
+	fi
 	$(VENV)/bin/perflab kernel install
 	touch $@
 
@@ -26,21 +42,18 @@ demo: setup
 	$(VENV)/bin/perflab data
 	$(VENV)/bin/perflab run --preset quick
 
-# Unit, grading and course tests first; then the labs, alone in one process, because
-# their measurements use every core: every lab in a real browser (skipped without
-# chromium), then every solution under nbval (prints, and saves for `perflab labs`, the
-# wall time per notebook). Both parts always run; make fails if either failed.
-# TEST_WORKERS=2 instead runs everything in one pytest run shared by 2 pytest-xdist
-# processes (a whole file or notebook each, the notebooks first), one OpenMP thread each
-# so they do not oversubscribe the cores; lab times are then printed, not saved (a lab
-# sharing the cores did not take its own time). Measured on CI's 2 cores, unit part
-# alone: serially 598 s wall for 585 CPU-s (about one core busy); 2 workers with torch's
-# default threads 574 s for 796 CPU-s (OpenMP threads spin waiting for each other); 2
-# workers with one thread each 464 s for 582 CPU-s. Whole CI: 1,424-1,591 s serially,
-# 1,270-1,282 s with 2 workers, but under that load 3 tests that assert timings failed in
-# 2 of 3 runs (2 fixed, 1 loosened); serial stays the default until a few more runs pass.
+# One pytest run shared by TEST_WORKERS pytest-xdist processes (default 2, this machine's
+# cores): a whole file or notebook per worker, taken in collection order
+# (--no-loadscope-reorder: the solutions, then the browser tests, then the rest; xdist's
+# default order, most tests first, left the 6-minute browser file for last), one OpenMP
+# thread per worker so the two do not oversubscribe the cores. Lab times are then printed,
+# not saved (a lab sharing the cores did not take its own time: `make check-solutions`
+# times them alone). TEST_WORKERS=0 runs serially: unit, grading and course tests, then
+# the labs alone in one process (browser, then nbval), saving the lab times.
+# Measured on 2 cores, quiet, wheel smoke alongside: 2 workers 1,022 s (1,148 s with
+# xdist's default order); serially 1,360 s on CI.
 # Two sandboxed gradings at once claim different slot uids (perflab.course.sandbox).
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/perflab data --quiet
 	@if [ "$(TEST_WORKERS)" = 0 ]; then \
@@ -52,7 +65,7 @@ test: setup
 		exit $$rc; \
 	else \
 		OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) \
-			--dist loadfile --durations=15 solutions tests; \
+			--dist loadfile --no-loadscope-reorder --durations=15 solutions tests; \
 	fi
 
 labs: setup
@@ -79,6 +92,9 @@ grade: setup
 # wheel (not editable) into a fresh venv, torch pinned to this venv's version so pip never
 # picks a build; from outside the checkout run --version, doctor, data (the checkout's
 # data/ via PERFLAB_DATA), a tiny run and a 2-rank DDP run. Leaves nothing behind.
+# Installed with --no-compile, so each module is compiled when first imported; bytecode
+# writing is allowed in here (some machines set PYTHONDONTWRITEBYTECODE) so that happens
+# once, not in each of the smoke's dozen processes (each would recompile torch: +2.4 s).
 wheel-smoke: setup
 	@set -eu; start=$$(date +%s); \
 	step() { echo "== $$1 ($$(( $$(date +%s) - start )) s)"; }; \
@@ -94,6 +110,7 @@ wheel-smoke: setup
 		"$$dir"/dist/perflab-*.whl > "$$dir/pip.log" 2>&1 || { tail -30 "$$dir/pip.log"; exit 1; }; \
 	step "installed into a fresh venv"; \
 	cd "$$dir"; \
+	unset PYTHONDONTWRITEBYTECODE; \
 	export PERFLAB_DATA="$(CURDIR)/data" PERFLAB_RESULTS="$$dir/results"; \
 	venv/bin/python -c "import perflab, sys; f = perflab.__file__; \
 		sys.exit(0 if f.startswith('$$dir/venv/') else f'perflab imported from {f}')"; \
