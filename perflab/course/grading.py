@@ -186,8 +186,13 @@ def _hideable(*paths: Path) -> list[Path]:
 
 
 def _env(scratch: Path, fd: int, threads: int | None) -> dict[str, str]:
+    # No PYTHONSAFEPATH: the pytest process runs with -P (a file in scratch cannot shadow
+    # pytest, nbval or the channel plugin), but the kernel inherits this environment, and
+    # IPython >= 9 honours PYTHONSAFEPATH by leaving the notebook's folder off sys.path:
+    # the labs' %%writefile modules (Lab 06's MyDDP, Lab 07's detector, Lab 09's ZeRO-1)
+    # would not import, as they do in a student's Jupyter. Verdicts are judged outside.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch / "home"),
-           "LANG": "C.UTF-8", "PYTHONSAFEPATH": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "LANG": "C.UTF-8", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
            "MPLCONFIGDIR": str(scratch / "home" / ".mpl"),
            "PERFLAB_RESULTS": str(scratch / "results"), "PERFLAB_VERDICT_FD": str(fd),
