@@ -15,9 +15,10 @@ setup: $(VENV)/.perflab-installed
 # `pip install .`; this adds the course tooling, the test tools and the browser tests.
 # When the tested torch was installed here (pip: the machine's pip configuration finds its
 # wheel), uv installs the ~150 other packages, torch held at the installed version: it
-# resolves, downloads and byte-compiles in parallel (85 s for the whole set-up on CI's
-# 2 cores, 105 s with pip). uv does not see packages outside the venv, so with a torch of
-# the user's own (outside .venv) pip installs the rest and keeps it.
+# resolves, downloads and byte-compiles in parallel (the whole set-up: 70-85 s on a 2-core
+# CI machine, 105 s with pip alone). uv does not see packages outside the venv, so with a
+# torch of the user's own (outside .venv) pip installs the rest and keeps it. uv installs
+# the newest release of each package into .venv (IPython 9, not a system's IPython 8).
 # The kernel 'perflab' ("Python (perflab)") lets VS Code or another Jupyter use .venv.
 $(VENV)/.perflab-installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
