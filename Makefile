@@ -25,9 +25,9 @@ $(VENV)/.perflab-installed: pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install \
 		"torch==$(TORCH_TESTED)" "uv>=0.8"
 	@if [ -x $(VENV)/bin/uv ] && $(PY) -c "import sys, torch; \
-			sys.exit(not torch.__file__.startswith(sys.prefix))"; then \
-		echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" \
-			> $(VENV)/torch-constraint.txt; \
+			mine = torch.__file__.startswith(sys.prefix); \
+			mine and print(f'torch=={torch.__version__}'); sys.exit(not mine)" \
+			> $(VENV)/torch-constraint.txt; then \
 		echo "$(VENV)/bin/uv pip install -e .[dev,course,browser] (torch held)"; \
 		$(VENV)/bin/uv pip install --python $(PY) --compile-bytecode \
 			--constraint $(VENV)/torch-constraint.txt -e ".[dev,course,browser]"; \

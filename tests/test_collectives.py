@@ -107,7 +107,7 @@ def test_two_rank_sweep_on_the_simulated_link_recovers_alpha_beta():
     assert (sweep["time_s"].to_numpy() > real["time_s"].to_numpy()).all()  # link is slower
     fit = fit_alpha_beta(sweep["size_bytes"], sweep["time_s"], world_size=2)
     # A sleep never ends early, and under load it ends late: with 3 test processes on 2
-    # cores the fitted alpha was 1.16x the simulated one (CI), so the bound above is loose
+    # cores the fitted alpha was 1.16x the simulated one (CI), so the upper bound is loose
     assert 0.95 * link.alpha_s <= fit.alpha_s <= 1.5 * link.alpha_s, fit
     assert fit.busbw_bytes_per_s == pytest.approx(link.beta_bytes_per_s, rel=0.2), fit
     assert (sweep["busbw_GBps"] == sweep["algbw_GBps"]).all()  # p = 2
