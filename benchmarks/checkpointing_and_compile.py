@@ -27,12 +27,14 @@ import pandas as pd
 import torch
 
 from perflab import RunConfig, run
-from perflab.checkpointing import tradeoff_curve
-from perflab.compilation import describe_break_even, generated_code, kernel_summary, time_compile
-from perflab.compile_cache import run_in_fresh_process, timing_from_runs
-from perflab.max_batch import find_max_batch
+from perflab.analysis.checkpointing import tradeoff_curve
+from perflab.analysis.compilation import (
+    describe_break_even, generated_code, kernel_summary, time_compile,
+)
+from perflab.analysis.compile_cache import run_in_fresh_process, timing_from_runs
+from perflab.analysis.max_batch import find_max_batch
 from perflab.models import resnet18
-from perflab.workloads import pointwise_chain, pointwise_inputs, synthetic_batch
+from perflab.train.workloads import pointwise_chain, pointwise_inputs, synthetic_batch
 
 
 def checkpointing(config: RunConfig, repeats: int, budget_gib: float) -> None:

@@ -9,7 +9,7 @@ machine hits both sides of each ratio alike):
    workers for each, and the fixed pipeline (decoded uint8 cache, augmentation batched
    in torch, device prefetch; a persistent worker on a GPU). Target: fixed >= 97 % of
    the bound (one-sided Mann-Whitney tests on the pooled steps, above / below 97 %).
-2. The worker sweep on the slow-storage case (perflab.data.sweep_loader).
+2. The worker sweep on the slow-storage case (perflab.data.loader.sweep_loader).
 3. bf16 autocast vs fp32 step time at each image size (speedup, 95 % CI, Mann-Whitney
    p), and loss parity over the same seed and batches (first-step, max and mean
    |loss diff|, and the max difference of 5-step moving averages; lr 0.01).
@@ -27,10 +27,10 @@ import pandas as pd
 import torch
 
 from perflab import RunConfig, compare, env_summary
-from perflab.amp import loss_parity
-from perflab.loader_tuning import sweep_loader
-from perflab.loading import pipeline_efficiency
-from perflab.train import run, run_interleaved
+from perflab.analysis.amp import loss_parity
+from perflab.analysis.loader_tuning import sweep_loader
+from perflab.data.prefetch import pipeline_efficiency
+from perflab.experiment import run, run_interleaved
 
 # Slow-storage workers outnumber the cores on purpose: they wait, not compute.
 warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -2,13 +2,13 @@
 
 Two gloo ranks on this machine (one thread each) train ResNet-18 data-parallel, once
 per bucket_cap_mb, on the real loopback backend and on a SIMULATED 1 Gbit/s link
-(perflab.link, preset "1gbe": alpha = 50 us, beta = 125 MB/s). For each run it prints,
+(perflab.distributed.link_hook, preset "1gbe": alpha = 50 us, beta = 125 MB/s). For each run it prints,
 per rank (medians): compute (the step under no_sync), comm (the buckets allreduced
 alone), the DDP step, exposed communication, and overlap efficiency against three ideals
 (textbook max(compute, comm); DDP's bound max(compute, forward + comm); this machine's
 bound max(compute + comm_cpu + last_bucket, forward + comm + optimizer), which adds what
 cannot overlap here: the real allreduce's CPU time on the compute cores and the last
-bucket; perflab.overlap.machine_bound_s), then the best bucket size on the simulated link
+bucket; perflab.analysis.overlap.machine_bound_s), then the best bucket size on the simulated link
 and whether it reaches the target (>= 0.8 of this machine's bound, rounds within +-0.05).
 Each rank interleaves its compute-only, DDP and comm-alone steps (one of each per
 measured step), so the bound's terms and the step come from the same moments.
@@ -40,11 +40,11 @@ import argparse
 
 import pandas as pd
 
-from perflab.config import RunConfig
-from perflab.link import SimulatedLink
+from perflab.core.config import RunConfig
+from perflab.core.simulated import SimulatedLink
 from perflab.distributed import launch_sweep
-from perflab.overlap import overlap_table
-from perflab.timing import Stopwatch
+from perflab.analysis.overlap import overlap_table
+from perflab.core.timing import Stopwatch
 
 COLUMNS = ["rank", "bucket_cap_mb", "buckets", "forward_ms", "compute_ms", "comm_ms",
            "comm_cpu_ms", "last_bucket_ms", "step_ms", "exposed_comm_ms",

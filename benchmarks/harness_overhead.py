@@ -8,7 +8,7 @@ sides alike):
    the same config (target <= 1.02);
 2. what the harness itself adds per step, in microseconds, without the model: a
    PhaseTimer step with its five phases (what ``run()`` times around
-   :func:`perflab.step.train_step`) against a bare ``perf_counter`` pair, and
+   :func:`perflab.train.step.train_step`) against a bare ``perf_counter`` pair, and
    ``train_step``'s own additions (autocast context, loss detach) on a one-layer model:
    the structural overhead, far below the noise of a loaded machine;
 3. ``perflab.measure``'s median / ``torch.utils.benchmark.Timer``'s median for the same
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 import torch.utils.benchmark as tbench
 
 from perflab import Measurement, PhaseTimer, RunConfig, compare, measure, run
-from perflab.data import infinite_batches
-from perflab.step import build_training, train_step
+from perflab.data.loader import infinite_batches
+from perflab.train.step import build_training, train_step
 
 
 def hand_loop_step_times(config: RunConfig) -> list[float]:

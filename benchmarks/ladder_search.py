@@ -2,9 +2,9 @@
 
 In one run, at one size (default tiny):
 
-1. the exhaustive search: every combination of the rungs (:func:`perflab.ladder.search_all`),
+1. the exhaustive search: every combination of the rungs (:func:`perflab.ladder.search.search_all`),
    all measured in interleaved rounds (each round runs every combination once);
-2. the ladder (:func:`perflab.ladder.climb`): its greedy first pass and the search's
+2. the ladder (:func:`perflab.ladder.search.climb`): its greedy first pass and the search's
    final configuration.
 
 Then prints, side by side, each configuration's time per sample *as measured in the
@@ -24,8 +24,11 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from perflab import climb, default_results_dir, naive_config, search_all
-from perflab.ladder_rungs import ROUNDS
+from perflab import climb
+from perflab.core.paths import default_results_dir
+from perflab.ladder.rungs import naive_config
+from perflab.ladder.search import search_all
+from perflab.ladder.rungs import ROUNDS
 
 
 def main() -> None:

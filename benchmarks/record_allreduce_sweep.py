@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 import perflab
-from perflab import SWEEP_SIZES_BYTES, SimulatedLink, allreduce_sweep
+from perflab.analysis.collectives import SWEEP_SIZES_BYTES, allreduce_sweep
+from perflab import SimulatedLink
 
 OUT = Path(perflab.__file__).parent / "recordings" / "allreduce_sweep_gloo2.json"
 CAL_LINK = SimulatedLink(name="slow-wan", alpha_s=10e-3, beta_bytes_per_s=1e9 / 8)

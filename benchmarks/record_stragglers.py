@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/record_stragglers.py   # writes perflab/recordings/straggler_timings.json
 
 Two launches of real gloo ranks on this machine (2 ranks, then 4 sharing the cores)
-train :func:`perflab.straggler_run.straggler_rank`'s MLP through a list of cases (run
+train :func:`perflab.labs.lab07.straggler_rank`'s MLP through a list of cases (run
 interleaved, one step of each case per round); each case injects a labelled straggler (which rank, how much slower, in which steps: the
 hiccup steps are drawn from ``numpy.random.default_rng(SEED)``). The times themselves are
 measurements, so a new recording differs in its noise; the grade never does, because the
@@ -45,7 +45,7 @@ def cases() -> dict[int, list[dict]]:
 
 def main() -> None:
     from perflab.distributed import launch_fn
-    from perflab.straggler_run import straggler_rank
+    from perflab.labs.lab07 import straggler_rank
 
     out: dict = {"source": "benchmarks/record_stragglers.py", "seed": SEED,
                  "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d"),

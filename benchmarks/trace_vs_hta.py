@@ -1,4 +1,4 @@
-"""Is perflab.trace's analysis at least as fast as HolisticTraceAnalysis on the same files?
+"""Is perflab.analysis.trace's analysis at least as fast as HolisticTraceAnalysis on the same files?
 
 Times, per trace folder and in interleaved rounds (so drift on a shared machine hits both
 sides alike), the whole job a user runs: read every rank's trace, then the temporal
@@ -32,9 +32,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from perflab.timing import Stopwatch
-from perflab.trace import load_ranks
-from perflab.trace_analysis import comm_comp_overlap, idle_time_breakdown, temporal_breakdown
+from perflab.core.timing import Stopwatch
+from perflab.analysis.trace import load_ranks
+from perflab.analysis.trace_analysis import (
+    comm_comp_overlap, idle_time_breakdown, temporal_breakdown,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared/fixtures/gpu-traces"
 

@@ -1,7 +1,7 @@
 """``run(config) -> RunResult``: build data, model and optimizer; time every phase.
 
 The loop is deliberately plain (after nanoGPT's training loop): one
-:func:`perflab.step.train_step` per step, wrapped in a :class:`~perflab.timing.PhaseTimer`.
+:func:`perflab.train.step.train_step` per step, wrapped in a :class:`~perflab.core.timing.PhaseTimer`.
 The techniques the labs add (autocast, GradScaler, accumulation, checkpointing, the
 compiled model) live inside that step, so they stay visible. ``world_size > 1`` launches
 the ranks (:mod:`perflab.distributed`), which run the same step under DDP.
@@ -16,15 +16,16 @@ from typing import Any, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from perflab.config import RunConfig
-from perflab.env import env_summary
-from perflab.loading import BatchStream
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory, read_peak, reset_peak
-from perflab.result import RunResult, default_results_dir
-from perflab.storage import StorageError, check_writable
-from perflab.step import build_training, make_scaler, train_step
-from perflab.timing import PhaseTimer, Stopwatch
+from perflab.core.config import RunConfig
+from perflab.core.env import env_summary
+from perflab.data.prefetch import BatchStream
+from perflab.core.measurement import Measurement
+from perflab.core.memory import PeakMemory, read_peak, reset_peak
+from perflab.core.result import RunResult
+from perflab.core.paths import default_results_dir
+from perflab.core.storage import StorageError, check_writable
+from perflab.train.step import build_training, make_scaler, train_step
+from perflab.core.timing import PhaseTimer, Stopwatch
 
 __all__ = ["run", "run_interleaved"]
 
@@ -35,7 +36,7 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
 
     Each step is timed (synchronised with the device; CUDA events on GPU) as data-wait
     (next batch + host-to-device copy, and for a decoded cache the on-device
-    augmentation: see :class:`perflab.loading.BatchStream`), forward (model + loss),
+    augmentation: see :class:`perflab.data.prefetch.BatchStream`), forward (model + loss),
     backward and optimizer; the first ``warmup_steps`` are excluded from the statistics.
     With ``config.compute_only`` the data phase returns one kept batch (the bound).
 
@@ -44,10 +45,10 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
         progress: show a tqdm progress bar (a widget in Jupyter, text elsewhere).
         save: write the result as JSON the moment it exists (atomically, under a new
             name: see :meth:`RunResult.save`); False keeps it in memory only.
-        results_dir: where to save; None -> :func:`perflab.result.default_results_dir`.
+        results_dir: where to save; None -> :func:`perflab.core.paths.default_results_dir`.
             Checked writable before any work starts.
         profiler: an active ``torch.profiler.profile``; ``profiler.step()`` is called
-            after every step (used by :func:`perflab.profiling.profile`).
+            after every step (used by :func:`perflab.analysis.profiling.profile`).
 
     With ``config.world_size > 1`` the ranks are launched through
     :func:`perflab.distributed.launch` (each runs this same :func:`train_step` under

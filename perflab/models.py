@@ -10,13 +10,13 @@ every machine, and one definition everywhere keeps measurements comparable.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-__all__ = ["BasicBlock", "ResNet", "resnet18", "tiny_cnn", "build_model"]
+__all__ = ["BasicBlock", "ResNet", "resnet18", "tiny_cnn", "build_model", "mlp", "mlp_batches"]
 
 
 class BasicBlock(nn.Module):
@@ -150,3 +150,41 @@ def build_model(name: str, num_classes: int) -> nn.Module:
     if name == "tiny":
         return tiny_cnn(num_classes)
     raise ValueError(f"unknown model {name!r}; choose 'resnet18' or 'tiny'")
+
+
+def mlp(sizes: Sequence[int], seed: int = 0) -> torch.nn.Sequential:
+    """``Linear(sizes[0], sizes[1]), ReLU, ..., Linear(sizes[-2], sizes[-1])``, seeded.
+
+    Input ``(B, sizes[0])`` float32, output logits ``(B, sizes[-1])``.
+
+    Raises:
+        ValueError: fewer than two sizes, or a size < 1.
+    """
+    if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
+        raise ValueError(f"sizes must list >= 2 layer widths >= 1, got {list(sizes)!r}")
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
+    return torch.nn.Sequential(*layers)
+
+
+def mlp_batches(sizes: Sequence[int], batch: int, steps: int, rank: int, seed: int = 0
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` fixed batches for one rank: ``x (batch, sizes[0])`` float32, ``y (batch,)``
+    int64 class labels, drawn from a generator seeded by (seed, step, rank). World_size
+    ranks together see the rows that :func:`unsharded_adamw` concatenates into one global
+    batch of ``world_size * batch`` rows.
+
+    Raises:
+        ValueError: batch or steps < 1, or rank < 0.
+    """
+    if batch < 1 or steps < 1 or rank < 0:
+        raise ValueError(f"batch and steps must be >= 1 and rank >= 0, got batch={batch}, "
+                         f"steps={steps}, rank={rank}")
+    out = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1_000_003 * seed + 1_009 * step + rank + 1)
+        out.append((torch.randn(batch, sizes[0], generator=g),
+                    torch.randint(0, sizes[-1], (batch,), generator=g)))
+    return out

@@ -12,7 +12,7 @@ slow = pytest.mark.slow
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """A small embedded-style ImageFolder (2 train / 1 val images per class) for fast runs."""
-    from perflab.dataset import build_dataset
+    from perflab.data.dataset import build_dataset
 
     root = tmp_path_factory.mktemp("data")
     build_dataset(root, train_per_class=4, val_per_class=1, progress=False)

@@ -6,11 +6,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from perflab.config import RunConfig
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory
-from perflab.result import RunResult
-from perflab.timing import PhaseTimer
+from perflab.core.config import RunConfig
+from perflab.core.measurement import Measurement
+from perflab.core.memory import PeakMemory
+from perflab.core.result import RunResult
+from perflab.core.timing import PhaseTimer
 
 
 def synthetic_result(config: RunConfig, phase_ms: dict[str, float], *, n: int = 8,

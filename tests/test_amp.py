@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from perflab.amp import (loss_parity, op_dtypes, ops_kept_in_fp32, plot_parity,
-                         scaler_steps, scaler_trace)
-from perflab.config import RunConfig
+from perflab.analysis.amp import (
+    loss_parity, op_dtypes, ops_kept_in_fp32, plot_parity, scaler_steps, scaler_trace,
+)
+from perflab.core.config import RunConfig
 from perflab.models import tiny_cnn
 from synthetic import synthetic_result
 

@@ -9,7 +9,7 @@
   defines it (no re-exported twins), ``import perflab`` loads none of the heavy
   libraries, and every notebook (solutions/ and labs/) imports only public names from
   ``perflab`` or a documented public submodule.
-* ``docs/API.md`` is what :mod:`perflab.apidoc` generates from the code.
+* ``docs/API.md`` is what :mod:`perflab.course.apidoc` generates from the code.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import grimp
 import pytest
 
 import perflab
-from perflab import apidoc
+from perflab.course import apidoc
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted([*ROOT.glob("solutions/*.ipynb"), *ROOT.glob("labs/*.ipynb")])
@@ -208,10 +208,10 @@ def test_notebooks_use_only_the_public_api(notebook: Path):
 def test_private_use_checker_catches_wrong_imports(tmp_path):
     nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
                      "execution_count": None, "source": src} for src in [
-        "from perflab.plots import plot_phases\n",
+        "from perflab.viz.plots import plot_phases\n",
         "from perflab import _HOME\n",
-        "import perflab.memory\n",
-        "perflab.figures.figure_to_png\n",
+        "import perflab.core.memory\n",
+        "perflab.viz.figures.figure_to_png\n",
         "from perflab import not_a_name\n",
         "%matplotlib inline\nfrom perflab import RunConfig\nperflab.run\n",
     ]], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
@@ -224,7 +224,7 @@ def test_private_use_checker_catches_wrong_imports(tmp_path):
 def test_api_reference_is_up_to_date():
     doc = ROOT / "docs" / "API.md"
     assert doc.read_text() == apidoc.render(), (
-        "docs/API.md is out of date: run `python -m perflab.apidoc > docs/API.md`")
+        "docs/API.md is out of date: run `python -m perflab.course.apidoc > docs/API.md`")
 
 
 def test_api_reference_lists_every_public_name():

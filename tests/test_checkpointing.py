@@ -9,13 +9,17 @@ import torch
 
 from conftest import requires_cuda
 from perflab import RunConfig
-from perflab.accumulation import (accumulated_gradients, accumulation_gap,
-                                  full_batch_gradients)
-from perflab.checkpointing import (SETTINGS, STAGE_NAMES, checkpointed_stages, chen_cost,
-                                   segment_plan, sqrt_n_segments, stage_table,
-                                   tradeoff_curve)
-from perflab.max_batch import _cuda_fits, cpu_step_bytes, find_max_batch, search_max_batch
-from perflab.memory import MIB, saved_activation_bytes
+from perflab.analysis.accumulation import (
+    accumulated_gradients, accumulation_gap, full_batch_gradients,
+)
+from perflab.analysis.checkpointing import (
+    SETTINGS, STAGE_NAMES, checkpointed_stages, chen_cost, segment_plan, sqrt_n_segments,
+    stage_table, tradeoff_curve,
+)
+from perflab.analysis.max_batch import (
+    _cuda_fits, cpu_step_bytes, find_max_batch, search_max_batch,
+)
+from perflab.core.memory import MIB, saved_activation_bytes
 from perflab.models import resnet18, tiny_cnn
 
 SMALL = RunConfig(device="cpu", image_size=32, batch_size=4, seed=0)
@@ -163,7 +167,7 @@ def test_find_max_batch_nothing_fits():
 def test_cuda_search_survives_out_of_memory(monkeypatch):
     """The GPU path with a fake OOM (after accelerate's tests): sizes above 12 raise
     torch.cuda.OutOfMemoryError inside the step; the search frees memory and goes on."""
-    import perflab.max_batch as mb
+    import perflab.analysis.max_batch as mb
 
     real_parts = mb.training_parts
     freed = []

@@ -69,7 +69,7 @@ def test_profile_command(tiny_dataset, results_dir, capsys):
 
 
 def test_data_command(tmp_path, capsys, monkeypatch):
-    import perflab.dataset as ds
+    import perflab.data.dataset as ds
 
     real = ds.build_dataset
     monkeypatch.setattr(ds, "build_dataset", lambda root, **kw: real(
@@ -109,8 +109,8 @@ def test_python_m_perflab_is_the_same_command():
 # -- data-parallel flags: perflab run routes them, perflab profile does not take them --
 def test_ddp_flags_reach_the_config():
     from perflab.cli import build_parser
-    from perflab.link import SimulatedLink
-    from perflab.straggler import Straggler
+    from perflab.core.simulated import SimulatedLink
+    from perflab.core.simulated import Straggler
 
     args = build_parser().parse_args(["run", "--world-size", "2", "--link", "1gbe",
                                       "--straggler", "1:0.05:data", "--comm-hook", "fp16",
@@ -129,9 +129,9 @@ def test_ddp_fields_are_the_ones_runconfig_keeps_for_ddp():
     """Each DDP_FIELDS entry (but world_size itself) is refused by a 1-rank RunConfig."""
     import dataclasses
 
-    from perflab.config import RunConfig
-    from perflab.link import SimulatedLink
-    from perflab.straggler import Straggler
+    from perflab.core.config import RunConfig
+    from perflab.core.simulated import SimulatedLink
+    from perflab.core.simulated import Straggler
 
     assert set(DDP_FIELDS) <= {f.name for f in dataclasses.fields(RunConfig)}
     on = {"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True, "comm_hook": "fp16",
@@ -219,7 +219,7 @@ def test_distributed_entry_point_shares_the_cli_flags():
 
 # -- perflab labs, perflab kernel install ----------------------------------------------
 def test_labs_command(results_dir, capsys):
-    from perflab.labs_index import LABS
+    from perflab.labs.catalog import LABS
 
     assert main(["labs"]) == 0
     out = capsys.readouterr().out

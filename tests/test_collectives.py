@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from perflab.collectives import (algbw_bytes_per_s, allreduce_sweep, busbw_bytes_per_s,
-                                 fit_alpha_beta, plot_alpha_beta)
+from perflab.analysis.collectives import (
+    algbw_bytes_per_s, allreduce_sweep, busbw_bytes_per_s, fit_alpha_beta, plot_alpha_beta,
+)
 from perflab.distributed.ddp import timed_allreduce_buckets
-from perflab.link import SimulatedLink
+from perflab.core.simulated import SimulatedLink
 
 SIZES = np.array([2 ** k for k in range(10, 27, 2)], dtype=float)  # 1 KiB .. 64 MiB
 

@@ -9,13 +9,16 @@ import pytest
 import torch
 
 from perflab import RunConfig
-from perflab.compilation import (CompileTiming, KernelSummary, break_even_steps,
-                                 compile_overhead_s, count_compiles, describe_break_even,
-                                 generated_code, graph_breaks, kernel_summary,
-                                 op_time_share, time_compile)
-from perflab.compile_cache import inductor_cache_dir, run_in_fresh_process, timing_from_runs
-from perflab.measurement import Measurement
-from perflab.workloads import pointwise_chain, pointwise_inputs
+from perflab.analysis.compilation import (
+    CompileTiming, KernelSummary, break_even_steps, compile_overhead_s, count_compiles,
+    describe_break_even, generated_code, graph_breaks, kernel_summary, op_time_share,
+    time_compile,
+)
+from perflab.analysis.compile_cache import (
+    inductor_cache_dir, run_in_fresh_process, timing_from_runs,
+)
+from perflab.core.measurement import Measurement
+from perflab.train.workloads import pointwise_chain, pointwise_inputs
 from synthetic import synthetic_result
 
 
@@ -185,9 +188,9 @@ def test_lab04_05_modules_import_without_side_effects():
     code = (
         "import logging, torch\n"
         "threads = torch.get_num_threads(); handlers = list(logging.getLogger().handlers)\n"
-        "import perflab.accumulation, perflab.checkpointing, perflab.compilation\n"
-        "import perflab.compile_cache, perflab.max_batch, perflab.memory_parts\n"
-        "import perflab.workloads, os\n"
+        "import perflab.analysis.accumulation, perflab.analysis.checkpointing, perflab.analysis.compilation\n"
+        "import perflab.analysis.compile_cache, perflab.analysis.max_batch, perflab.analysis.memory_parts\n"
+        "import perflab.train.workloads, os\n"
         "assert not torch.cuda.is_initialized(), 'CUDA initialised at import'\n"
         "assert torch.get_num_threads() == threads, 'thread count changed at import'\n"
         "assert logging.getLogger().handlers == handlers, 'logging configured at import'\n"

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from perflab.config import PRESETS, RunConfig, resolve_device
+from perflab.core.config import PRESETS, RunConfig, resolve_device
 
 
 @pytest.mark.parametrize("kwargs, match", [

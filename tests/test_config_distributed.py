@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from perflab import RunConfig, RunResult
-from perflab.link import LINK_PRESETS, SimulatedLink
-from perflab.straggler import Straggler
+from perflab.core.simulated import LINK_PRESETS, SimulatedLink
+from perflab.core.simulated import Straggler
 from tests.synthetic import synthetic_result
 
 ONE_GBE = SimulatedLink.preset("1gbe")

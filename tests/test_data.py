@@ -8,11 +8,14 @@ import pytest
 import torch
 from PIL import Image
 
-from perflab.config import RunConfig
-from perflab.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolderDataset,
-                          TrainTransform, center_crop_resize, infinite_batches, make_loader,
-                          normalize, random_resized_crop, to_tensor)
-from perflab.dataset import EMBEDDED_NAME, build_dataset
+from perflab.core.config import RunConfig
+from perflab.data.loader import (
+    IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolderDataset, TrainTransform,
+    center_crop_resize, infinite_batches, make_loader, normalize, random_resized_crop,
+    to_tensor,
+)
+from perflab.core.paths import EMBEDDED_NAME
+from perflab.data.dataset import build_dataset
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +202,7 @@ def test_infinite_batches_refuses_an_empty_loader():
 
 
 def test_simulated_storage_latency_sleeps_per_file(patches):
-    from perflab.timing import Stopwatch
+    from perflab.core.timing import Stopwatch
 
     ds = ImageFolderDataset(patches, "train", image_size=16, storage_latency_s=0.02)
     assert "simulated storage latency 20 ms/file" in repr(ds)

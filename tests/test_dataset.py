@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from perflab import dataset
-from perflab.dataset import (CLASSES, EMBEDDED_NAME, build_dataset, dataset_fingerprint,
-                             default_data_root, ensure_dataset)
+from perflab.data import dataset
+from perflab.data.dataset import CLASSES, build_dataset, ensure_dataset
+from perflab.core.paths import EMBEDDED_NAME, dataset_fingerprint, default_data_root
 
 SMALL = dict(train_per_class=3, val_per_class=1, progress=False)
 

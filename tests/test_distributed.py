@@ -17,18 +17,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from perflab.config import RunConfig
+from perflab.core.config import RunConfig
 from perflab.distributed import (LaunchTimeoutError, RankFailedError, launch, launch_fn,
                                  launch_sweep)
 from perflab.distributed import faults
 from perflab.distributed.__main__ import main, parse_straggler
 from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import _innermost_frame
-from perflab.rank_plots import plot_loss_vs_prediction, plot_rank_timeline
-from perflab.link import SimulatedLink
-from perflab.overlap import overlap_metrics
-from perflab.straggler import Straggler
-from perflab.timing import Stopwatch
+from perflab.viz.rank_plots import plot_loss_vs_prediction, plot_rank_timeline
+from perflab.core.simulated import SimulatedLink
+from perflab.analysis.overlap import overlap_metrics
+from perflab.core.simulated import Straggler
+from perflab.core.timing import Stopwatch
 from tests.synthetic import synthetic_result
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,8 +27,9 @@ import psutil
 import pytest
 
 from perflab import RunConfig, RunResult, run
-from perflab import storage
-from perflab.dataset import EMBEDDED_NAME, build_dataset
+from perflab.core import storage
+from perflab.core.paths import EMBEDDED_NAME
+from perflab.data.dataset import build_dataset
 from perflab.distributed import RankFailedError, faults, launch_fn
 from tests.synthetic import synthetic_result
 
@@ -115,8 +116,8 @@ def test_full_disk_for_real_on_a_tiny_tmpfs(tiny_dataset):
 
 def test_mmap_cache_on_a_full_disk_is_a_clear_error_and_leaves_no_tmp(tiny_dataset, tmp_path,
                                                                         monkeypatch):
-    from perflab import cache as cache_mod
-    from perflab.data import ImageFolderDataset
+    from perflab.data import cache as cache_mod
+    from perflab.data.loader import ImageFolderDataset
 
     monkeypatch.setenv("PERFLAB_DATA", str(tmp_path / "data"))
     ds = ImageFolderDataset(tiny_dataset, "train")
@@ -142,7 +143,7 @@ def test_ctrl_c_during_an_interleaved_comparison_keeps_finished_rounds(tiny_data
     code = """
         import sys
         from perflab import RunConfig
-        from perflab.train import run_interleaved
+        from perflab.experiment import run_interleaved
         cfg = RunConfig(model="tiny", dataset=sys.argv[1], image_size=32, batch_size=4,
                         steps=20, warmup_steps=1)
         run_interleaved([cfg, cfg.replace(label="b")], rounds=50, progress=False,
@@ -208,7 +209,7 @@ def test_two_builders_and_a_reader_never_see_a_half_swapped_dataset(tmp_path):
 
     code = """
         import sys
-        from perflab.dataset import build_dataset
+        from perflab.data.dataset import build_dataset
         build_dataset(sys.argv[1], train_per_class=3, val_per_class=1, processes=1,
                       force=True, progress=True)
         print("BUILT")
@@ -231,7 +232,7 @@ def test_two_builders_and_a_reader_never_see_a_half_swapped_dataset(tmp_path):
 def test_a_second_builder_waits_and_then_reuses_the_set(tmp_path):
     code = """
         import sys
-        from perflab.dataset import build_dataset
+        from perflab.data.dataset import build_dataset
         m = build_dataset(sys.argv[1], train_per_class=20, val_per_class=2, processes=1,
                           progress=True)
         print("SHA", m["sha256"])
@@ -313,7 +314,7 @@ def test_launch_refuses_a_timeout_that_is_not_a_finite_positive_number(timeout_s
 ])
 def test_run_refuses_a_bad_destination_before_training(tiny_dataset, monkeypatch, kwargs,
                                                        match):
-    import perflab.train as train_mod
+    import perflab.experiment as train_mod
 
     def must_not_build(*a, **k):
         raise AssertionError("training started before the destination was checked")
@@ -340,7 +341,7 @@ def test_dataset_root_that_is_a_file_is_refused(tmp_path):
 def test_a_diverging_run_warns():
     import dataclasses
 
-    from perflab.train import _warn_diverged
+    from perflab.experiment import _warn_diverged
 
     ok = synthetic_result(RunConfig(model="tiny", lr=50.0), {"forward": 1.0})
     with warnings.catch_warnings():
@@ -365,7 +366,7 @@ def test_perflab_data_with_a_file_as_root_is_an_error_not_a_traceback(tmp_path, 
 
 def test_ctrl_c_in_a_cli_command_says_where_results_are_and_exits_130(monkeypatch, capsys,
                                                                       results_dir):
-    import perflab.results as results_mod
+    import perflab.core.result_store as results_mod
     from perflab.cli import main
 
     def interrupted(args):

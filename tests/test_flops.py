@@ -4,13 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perflab.config import RunConfig
-from perflab.flops import (PEAK_TFLOPS, FlopCount, PeakFlops, _table_key, count_flops,
-                           dtype_of, measure_peak_flops, mfu_pct, peak_flops, utilization)
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory
+from perflab.core.config import RunConfig
+from perflab.analysis.flops import (
+    PEAK_TFLOPS, FlopCount, PeakFlops, _table_key, count_flops, dtype_of,
+    measure_peak_flops, mfu_pct, peak_flops, utilization,
+)
+from perflab.core.measurement import Measurement
+from perflab.core.memory import PeakMemory
 from perflab.models import tiny_cnn
-from perflab.result import RunResult
+from perflab.core.result import RunResult
 from tests.conftest import requires_cuda
 
 

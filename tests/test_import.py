@@ -27,7 +27,7 @@ def test_import_has_no_side_effects():
 def test_cli_and_rank_worker_do_not_import_scipy_stats():
     # Every spawned rank and every CLI command imports these; scipy.stats alone takes
     # seconds to import on a busy 2-core machine, so it is imported where it is used.
-    code = ("import sys, perflab.cli, perflab.config, perflab.distributed.worker\n"
+    code = ("import sys, perflab.cli, perflab.core.config, perflab.distributed.worker\n"
             "perflab.cli.build_parser()\n"
             "assert 'scipy.stats' not in sys.modules, 'scipy.stats imported'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

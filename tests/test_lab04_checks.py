@@ -140,7 +140,7 @@ def my_accumulated_grads(model, x, y, k):
 '''
 _DELEGATE_ACCUMULATION = '''
 def my_accumulated_grads(model, x, y, k):
-    from perflab import accumulated_gradients
+    from perflab.analysis.accumulation import accumulated_gradients
     return accumulated_gradients(model, x, y, k)
 '''
 _LINEAR_SEARCH = '''

@@ -12,7 +12,9 @@ import pytest
 
 from conftest import slow
 from labcheck import Lab, assert_judge_decides, grade_reference_and_wrong
-from perflab import GRAD_ATOL, GRAD_RTOL, compare_rank, ideal_step_s, recorded_allreduce_sweep
+from perflab.labs.lab06.checks import GRAD_ATOL, GRAD_RTOL, compare_rank
+from perflab.analysis.overlap import ideal_step_s
+from perflab.analysis.collectives import recorded_allreduce_sweep
 from perflab.distributed import launch_fn
 
 LAB = Lab("06")
@@ -239,7 +241,8 @@ def test_recorded_sweep_and_its_errors():
 
 
 def test_wrapper_table_rows_and_its_error():
-    from perflab import WRAPPERS, SimulatedLink, wrapper_table
+    from perflab.labs.lab06.ranks import WRAPPERS, wrapper_table
+    from perflab import SimulatedLink
 
     timed = {WRAPPERS[0]: {"median_s": 0.2, "comm_s": 0.0, "messages": 0},
              "forward_median_s": 0.05}

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import slow
 from labcheck import Lab, assert_judge_decides
-from perflab import detect_stragglers, straggler_recording
+from perflab import detect_stragglers
+from perflab.analysis.stragglers import straggler_recording
 from perflab.course.checks import split_check
 
 LAB = Lab("07")
@@ -195,7 +196,7 @@ def test_wrong_gather_on_two_ranks_fails_gather_and_live_checks(tmp_path, monkey
     """An all_reduce(SUM) where an all_gather belongs, run on 2 gloo ranks: every rank gets
     one number, so check_gather fails, and the detector (given no per-rank times) never
     names the slow rank."""
-    from perflab import straggler_rank
+    from perflab.labs.lab07 import straggler_rank
     from perflab.distributed import launch_fn
 
     wrong = _FILE.replace(_FILE[_FILE.index("    mine = torch.tensor([float(local_s)]"):

@@ -14,11 +14,13 @@ import pytest
 
 from labcheck import Lab, assert_judge_decides
 from perflab import count_flops, build_model
-from perflab.ladder import climb
-from perflab.ladder_rungs import RUNGS, naive_config
-from perflab.report_check import (flatten_numbers, report_numbers, report_problems,
-                                  rungs_called_kept, unmeasured_numbers)
-from perflab.roofline import MatmulRoof, Roofline
+from perflab.ladder.search import climb
+from perflab.ladder.rungs import RUNGS, naive_config
+from perflab.labs.lab08 import (
+    flatten_numbers, report_numbers, report_problems, rungs_called_kept,
+    unmeasured_numbers,
+)
+from perflab.analysis.roofline import MatmulRoof, Roofline
 from test_ladder import FakeRuns
 
 LAB = Lab("08")
@@ -149,7 +151,7 @@ def count_step_flops(model, x, y):
 MFU_WRONG = {
     "a fraction": "def my_mfu_pct(f, t, p):\n    return f / t / p\n",
     "no step time": "def my_mfu_pct(f, t, p):\n    return 100 * f / p\n",
-    "delegates": ("from perflab import mfu_pct\n"
+    "delegates": ("from perflab.analysis.flops import mfu_pct\n"
                   "def my_mfu_pct(f, t, p):\n    return mfu_pct(f, t, p)\n"),
 }
 STATE_WRONG = {
@@ -175,7 +177,7 @@ def state_bytes(model, optimizer):
     return {"params": n, "grads": g, "optimizer": k * g}
 """,
     "delegates": """
-from perflab import model_state_bytes
+from perflab.core.memory import model_state_bytes
 def state_bytes(model, optimizer):
     s = model_state_bytes(model, optimizer)
     return {"params": s.params, "grads": s.grads, "optimizer": s.optimizer}
@@ -275,7 +277,7 @@ def test_wrong_report_fails(report_ns, name):
             or "quote" in v.message), v.message
 
 
-# --- perflab.report_check ------------------------------------------------------------
+# --- perflab.labs.lab08 ------------------------------------------------------------
 
 def test_numbers_are_read_at_their_printed_precision():
     text = ("1. On ResNet-18 (fp32, bf16): 1.52x, 95 % CI 0.85-1.10x, p = 3.1e-05, "

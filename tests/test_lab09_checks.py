@@ -15,7 +15,8 @@ from conftest import slow
 from labcheck import assert_judge_decides, grade_reference_and_wrong
 from perflab.course.checks import run_judge, split_check
 from perflab.distributed import launch_fn
-from perflab.sharding_run import mlp, sharding_rank, unsharded_adamw
+from perflab.models import mlp
+from perflab.labs.lab09 import sharding_rank, unsharded_adamw
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"

@@ -1,4 +1,4 @@
-"""The lab map (perflab.labs_index) and the lab run times the nbval plugin records."""
+"""The lab map (perflab.labs.catalog) and the lab run times the nbval plugin records."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from perflab.course import nbval_times
-from perflab.labs_index import LABS, START_HERE, lab_map, lab_times_path, read_lab_times
+from perflab.labs.catalog import LABS, START_HERE, lab_map, lab_times_path, read_lab_times
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -18,7 +18,7 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
 # -- the map agrees with the README, perflab doctor and the notebooks on disk ----------
 def test_labs_match_doctor_and_the_notebooks():
-    from perflab.env import lab_capabilities
+    from perflab.labs.catalog import lab_capabilities
 
     assert [row["lab"] for row in lab_capabilities()] == [f"{lab.number} {lab.title}"
                                                           for lab in LABS]

@@ -12,18 +12,19 @@ import pandas as pd
 import pytest
 import torch
 
-from perflab import step as step_module
+from perflab.train import step as step_module
 from perflab.cli import main
-from perflab.config import RunConfig
-from perflab.ladder import climb, resume_climb, search_all
-from perflab.ladder_report import TABLE_COLUMNS
-from perflab.ladder_rungs import (RUNGS, SIZES, applied, checkpointed_batch_size,
-                                  make_variant, naive_config, per_sample, rung_config,
-                                  unavailable)
-from perflab.measurement import Measurement, compare
-from perflab.memory import PeakMemory
-from perflab.panels import ladder_panel
-from perflab.result import RunResult
+from perflab.core.config import RunConfig
+from perflab.ladder.search import climb, resume_climb, search_all
+from perflab.ladder.report import TABLE_COLUMNS
+from perflab.ladder.rungs import (
+    RUNGS, SIZES, applied, checkpointed_batch_size, make_variant, naive_config, per_sample,
+    rung_config, unavailable,
+)
+from perflab.core.measurement import Measurement, compare
+from perflab.core.memory import PeakMemory
+from perflab.ui.panels import ladder_panel
+from perflab.core.result import RunResult
 
 
 def features(c: RunConfig) -> frozenset[str]:
@@ -381,13 +382,13 @@ def test_cli_ladder_errors_before_work_and_ctrl_c(tmp_path, capsys, monkeypatch)
     assert main(["ladder", "--resume", str(tmp_path)]) == 2
     assert "holds no ladder.json" in capsys.readouterr().err
 
-    import perflab.ladder
+    import perflab.ladder.search
 
     def interrupted(*a, **k):
         print("ladder interrupted: 2 result(s) of 1 finished trial(s) saved in X")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(perflab.ladder, "climb", interrupted)
+    monkeypatch.setattr(perflab.ladder.search, "climb", interrupted)
     assert main(["ladder", "--size", "tiny", "--out", str(tmp_path / "x")]) == 130
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err + captured.out
@@ -439,7 +440,7 @@ def test_noisy_rungs_are_flagged(tmp_path):
 
 
 def test_rounds_default_per_size():
-    from perflab.ladder_rungs import ROUNDS
+    from perflab.ladder.rungs import ROUNDS
 
     for size in ("tiny", "quick"):
         fake = FakeRuns()

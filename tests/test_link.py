@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perflab.link import (LinkHookState, LinkModel, SimulatedLink, register_link_hook,
-                          ring_allreduce_wire_bytes)
-from perflab.timing import FakeClock
+from perflab.distributed.link_hook import LinkHookState, register_link_hook
+from perflab.core.simulated import LinkModel, SimulatedLink, ring_allreduce_wire_bytes
+from perflab.core.timing import FakeClock
 
 LINK = SimulatedLink(name="test", alpha_s=0.001, beta_bytes_per_s=1e6)  # 1 ms, 1 MB/s
 
@@ -89,7 +89,7 @@ def test_register_link_hook_rejects_bad_input(kwargs, match):
 
 def test_hook_on_two_ranks_delays_buckets_and_averages_like_ddp():
     """Two gloo ranks, a 3-layer MLP in 1 MiB buckets, link 2 ms + 100 MB/s."""
-    from perflab.collectives import link_hook_probe
+    from perflab.analysis.collectives import link_hook_probe
     from perflab.distributed import launch_fn
 
     link = SimulatedLink(name="t", alpha_s=0.002, beta_bytes_per_s=100e6)

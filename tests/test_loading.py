@@ -8,12 +8,12 @@ import torch
 from PIL import Image
 
 from conftest import requires_cuda
-from perflab.augment import crop_boxes, random_resized_crop_batch, resized_crop_batch
-from perflab.cache import cache_dir, decode_stored, get_cache, stored_size
-from perflab.config import RunConfig
-from perflab.data import ImageFolderDataset, make_loader
-from perflab.loader_tuning import default_worker_counts, sweep_loader, tune_loader
-from perflab.loading import BatchStream, DevicePrefetcher, pipeline_efficiency
+from perflab.data.augment import crop_boxes, random_resized_crop_batch, resized_crop_batch
+from perflab.data.cache import cache_dir, decode_stored, get_cache, stored_size
+from perflab.core.config import RunConfig
+from perflab.data.loader import ImageFolderDataset, make_loader
+from perflab.analysis.loader_tuning import default_worker_counts, sweep_loader, tune_loader
+from perflab.data.prefetch import BatchStream, DevicePrefetcher, pipeline_efficiency
 from synthetic import synthetic_result
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)

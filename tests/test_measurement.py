@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from perflab.measurement import Measurement, compare, compare_table
-from perflab.timing import FakeClock, PhaseTimer, measure, naive_time
+from perflab.core.measurement import Measurement, compare, compare_table
+from perflab.core.timing import FakeClock, PhaseTimer, measure, naive_time
 
 
 def test_statistics_match_numpy():
@@ -219,7 +219,7 @@ def test_measure_number_batches_calls_and_reports_per_call_time():
 def test_phase_timer_other_is_never_negative():
     """Stamps whose phase ends a rounding error after the step (as CUDA events' 0.5 us
     resolution can): "other" is clamped to 0 instead of a negative time."""
-    from perflab.timing import PhaseTimer
+    from perflab.core.timing import PhaseTimer
 
     class Stamps:
         def __init__(self, values):

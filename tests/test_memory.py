@@ -7,11 +7,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import requires_cuda
-from perflab.memory import (GIB, MIB, PeakMemory, SavedTensorsCounter, model_state_bytes,
-                            read_peak, reset_peak, saved_activation_bytes,
-                            tensor_peak_bytes)
-from perflab.memory_parts import (activation_formula_bytes, memory_breakdown,
-                                      optimizer_state_multiplier)
+from perflab.core.memory import (
+    GIB, MIB, PeakMemory, SavedTensorsCounter, model_state_bytes, read_peak, reset_peak,
+    saved_activation_bytes, tensor_peak_bytes,
+)
+from perflab.analysis.memory_parts import (
+    activation_formula_bytes, memory_breakdown, optimizer_state_multiplier,
+)
 from perflab.models import resnet18, tiny_cnn
 
 

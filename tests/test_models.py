@@ -154,7 +154,7 @@ def test_checkpointing_is_skipped_without_grad():
 
 def test_per_stage_checkpointing_halves_saved_activations():
     """The Lab 04 check's fact: per-stage checkpointing keeps only each stage's input."""
-    from perflab.memory import saved_activation_bytes
+    from perflab.core.memory import saved_activation_bytes
 
     torch.manual_seed(0)
     m = resnet18(10)

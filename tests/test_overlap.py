@@ -5,14 +5,16 @@ import math
 
 import pytest
 
-from perflab.config import RunConfig
-from perflab.env import env_summary
-from perflab.link import SimulatedLink
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory
-from perflab.overlap import (ideal_step_s, last_bucket_s, machine_bound_s, overlap_efficiency,
-                             overlap_metrics, overlap_table, plot_overlap, run_ddp)
-from perflab.result import RunResult
+from perflab.core.config import RunConfig
+from perflab.core.env import env_summary
+from perflab.core.simulated import SimulatedLink
+from perflab.core.measurement import Measurement
+from perflab.core.memory import PeakMemory
+from perflab.analysis.overlap import (
+    ideal_step_s, last_bucket_s, machine_bound_s, overlap_efficiency, overlap_metrics,
+    overlap_table, plot_overlap, run_ddp,
+)
+from perflab.core.result import RunResult
 
 
 def test_overlap_efficiency_limits():
@@ -146,7 +148,7 @@ def test_run_ddp_needs_two_ranks():
 
 
 def test_panels_take_a_premeasured_baseline():
-    from perflab.panels import bucket_panel, link_panel
+    from perflab.ui.panels import bucket_panel, link_panel
 
     rec = fake_result(bucket_cap_mb=25.0)
     for make in (bucket_panel, link_panel):

@@ -75,7 +75,7 @@ def test_wheel_holds_every_module(wheel):
     missing = sources - names
     assert not missing, f"not in the wheel: {sorted(missing)}"
     for must in ("perflab/__main__.py", "perflab/distributed/__main__.py",
-                 "perflab/course/grading.py", "perflab/labs_index.py"):
+                 "perflab/course/grading.py", "perflab/labs/catalog.py"):
         assert must in names
     assert not [n for n in names if n.startswith(("tests/", "solutions/", "benchmarks/"))]
 
@@ -100,7 +100,7 @@ def test_student_requirements_leave_course_tooling_to_an_extra(wheel):
 
 
 def test_line_profiler_is_5_or_later(wheel):
-    """LineProfiler.add_callable (perflab.profiling) appeared in line_profiler 5.0."""
+    """LineProfiler.add_callable (perflab.analysis.profiling) appeared in line_profiler 5.0."""
     (spec,) = [r for r in _requirements(wheel)[0] if _name(r) == "line-profiler"]
     assert spec.replace(" ", "").endswith(">=5.0")
     import line_profiler

@@ -1,14 +1,14 @@
-"""perflab.plots on synthetic RunResults (fixed numbers, no training)."""
+"""perflab.viz.plots on synthetic RunResults (fixed numbers, no training)."""
 from __future__ import annotations
 
 import pytest
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
-from perflab.config import RunConfig
-from perflab.figures import PHASE_COLORS, figure_to_png
-from perflab.plots import plot_comparison, plot_phases, plot_throughput
-from perflab.result import RunResult
+from perflab.core.config import RunConfig
+from perflab.viz.figures import PHASE_COLORS, figure_to_png
+from perflab.viz.plots import plot_comparison, plot_phases, plot_throughput
+from perflab.core.result import RunResult
 from synthetic import synthetic_result
 
 PNG = b"\x89PNG\r\n\x1a\n"

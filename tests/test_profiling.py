@@ -1,4 +1,4 @@
-"""perflab.profiling: diagnose() on hand-built results (every branch and threshold edge),
+"""perflab.analysis.profiling: diagnose() on hand-built results (every branch and threshold edge),
 and smoke tests of the four profilers on a tiny ImageFolder."""
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from perflab import profiling
-from perflab.config import RunConfig
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory
-from perflab.diagnosis import (COMM_SHARE, DATA_WAIT_SHARE, MEMORY_FRACTION,
-                               OPTIMIZER_SHARE, diagnose)
-from perflab.profiling import TOP_OPS_COLUMNS, profile
-from perflab.result import PHASES, RunResult
+from perflab.analysis import profiling
+from perflab.core.config import RunConfig
+from perflab.core.measurement import Measurement
+from perflab.core.memory import PeakMemory
+from perflab.analysis.diagnosis import (
+    COMM_SHARE, DATA_WAIT_SHARE, MEMORY_FRACTION, OPTIMIZER_SHARE, diagnose,
+)
+from perflab.analysis.profiling import TOP_OPS_COLUMNS, profile
+from perflab.core.result import PHASES, RunResult
 
 CUDA_PEAK = "CUDA allocator peak (allocated tensors)"
 
@@ -130,7 +131,7 @@ def test_diagnosis_repr_is_readable():
 # -- profilers on a tiny dataset --------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> RunConfig:
-    from perflab.dataset import build_dataset
+    from perflab.data.dataset import build_dataset
 
     root = tmp_path_factory.mktemp("profiling-data")
     build_dataset(root, train_per_class=2, val_per_class=1, min_side=40, max_side=48,
@@ -227,7 +228,8 @@ def test_step_ranges_reads_steps_ranges_and_ops(tmp_path):
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, record_function, schedule
 
-    from perflab import quiet_native_stderr, step_ranges, tiny_training
+    from perflab.analysis.profiling import quiet_native_stderr, step_ranges
+    from perflab.train.workloads import tiny_training
 
     parts = tiny_training(batches=3)
     batches, path = iter(zip(parts.x, parts.y)), tmp_path / "t.json"
@@ -249,7 +251,7 @@ def test_step_ranges_reads_steps_ranges_and_ops(tmp_path):
 
 
 def test_count_host_syncs_counts_item_and_bool():
-    from perflab import count_host_syncs
+    from perflab.analysis.diagnosis import count_host_syncs
 
     x = torch.arange(4.0)
     with count_host_syncs() as syncs:
@@ -261,7 +263,7 @@ def test_count_host_syncs_counts_item_and_bool():
 
 
 def test_fake_async_device_models_launch_queue_and_cold_call():
-    from perflab import FakeAsyncDevice
+    from perflab.train.workloads import FakeAsyncDevice
 
     dev = FakeAsyncDevice(work_s=0.004, launch_s=0.001, cold_s=0.1)
     dev.step()                       # cold: queues 0.1 s, returns after 0.001 s
@@ -275,7 +277,7 @@ def test_fake_async_device_models_launch_queue_and_cold_call():
 
 
 def test_tiny_training_is_seeded_and_validates():
-    from perflab import tiny_training
+    from perflab.train.workloads import tiny_training
 
     a, b = tiny_training(seed=3, batches=2), tiny_training(seed=3, batches=2)
     assert torch.equal(a.x, b.x) and a.x.shape == (2, 8, 3, 16, 16)
@@ -287,7 +289,7 @@ def test_tiny_training_is_seeded_and_validates():
 def test_train_on_batches_times_phases_and_validates():
     import itertools
 
-    from perflab import tiny_training, train_on_batches
+    from perflab.train.workloads import tiny_training, train_on_batches
 
     parts = tiny_training(batches=1)
     batch = (parts.x[0], parts.y[0])

@@ -1,4 +1,4 @@
-"""perflab.results and `perflab results`: saved results listed, loaded, compared, re-plotted."""
+"""perflab.core.result_store and `perflab results`: saved results listed, loaded, compared, re-plotted."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,10 @@ import json
 import pytest
 
 from perflab import RunConfig
-from perflab.results import (add_cli, compare_results, find_saved, list_results, load_results,
-                             plot_results)
+from perflab.core.result_store import (
+    add_cli, compare_results, find_saved, list_results, load_results,
+)
+from perflab.viz.plots import plot_results
 from tests.synthetic import synthetic_result
 
 BASE = RunConfig(device="cpu", model="tiny", batch_size=8)

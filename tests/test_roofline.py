@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from perflab.flops import measured_peak, peak_flops
-from perflab.roofline import (ROOFLINE_DTYPES, MatmulRoof, Roofline, measure_matmul,
-                              measure_roofline)
+from perflab.analysis.flops import measured_peak, peak_flops
+from perflab.analysis.roofline import (
+    ROOFLINE_DTYPES, MatmulRoof, Roofline, measure_matmul, measure_roofline,
+)
 
 
 def _roof(fp32=100.0, bf16=2.0, fp16=None, bw=10.0, device="cpu") -> Roofline:

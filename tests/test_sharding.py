@@ -1,5 +1,5 @@
-"""perflab.sharding (bytes per rank, collective bytes), perflab.sharding_run (ZeRO-1 /
-ZeroRedundancyOptimizer / FSDP2 on gloo ranks), perflab.sharding_scaling and the Lab 09
+"""perflab.analysis.sharding (bytes per rank, collective bytes), perflab.labs.lab09 (ZeRO-1 /
+ZeroRedundancyOptimizer / FSDP2 on gloo ranks), perflab.analysis.scaling and the Lab 09
 plots. The multi-rank tests run the Lab 09 solution's own ZeRO-1 file on 2 gloo ranks."""
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ import torch.distributed as dist
 
 from conftest import slow
 from perflab.distributed import launch_fn
-from perflab.sharding import COLLECTIVE_KINDS, count_collectives, local_nbytes, state_bytes
-from perflab.sharding_run import (SHARDING_METHODS, mlp, mlp_batches, sharding_rank,
-                                  tasks_rank, unsharded_adamw)
-from perflab.sharding_scaling import (core_label, scaling_configs, scaling_efficiency,
-                                      scaling_table)
+from perflab.analysis.sharding import (
+    COLLECTIVE_KINDS, count_collectives, local_nbytes, state_bytes,
+)
+from perflab.labs.lab09 import SHARDING_METHODS, sharding_rank, tasks_rank, unsharded_adamw
+from perflab.models import mlp, mlp_batches
+from perflab.analysis.scaling import (
+    core_label, scaling_configs, scaling_efficiency, scaling_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
@@ -272,7 +275,8 @@ def core_count() -> int:
 
 # -- the faces ---------------------------------------------------------------------------------
 def test_plots_and_panel_build():
-    from perflab.sharding_panel import plot_scaling, plot_state_bytes, scaling_panel
+    from perflab.viz.scaling_plots import plot_scaling, plot_state_bytes
+    from perflab.ui.scaling_panel import scaling_panel
 
     table = scaling_table([_launch(1, [0.1, 0.1]), _launch(2, [0.2, 0.2])])
     fig = plot_scaling(table, title="t")

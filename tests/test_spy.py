@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 import perflab
-from perflab import calls_to, compare
-from perflab import measurement
+from perflab.labs.checking import calls_to
+from perflab import compare
+from perflab.core import measurement
 
 
 def test_calls_through_every_binding_are_recorded_and_restored():

@@ -1,4 +1,4 @@
-"""perflab.stragglers: the prediction, the measured loss, and the detector (known cases)."""
+"""perflab.analysis.stragglers: the prediction, the measured loss, and the detector (known cases)."""
 from __future__ import annotations
 
 import math
@@ -6,10 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from perflab.stragglers import (DETECT_K, DETECT_N, DETECT_THRESHOLD, StragglerVerdict,
-                                detect_stragglers, max_abs_zscore, max_zscore_bound,
-                                measured_throughput_loss, predicted_slowdown,
-                                predicted_throughput_loss, ratio_to_median_with_self)
+from perflab.analysis.stragglers import (
+    DETECT_K, DETECT_N, DETECT_THRESHOLD, StragglerVerdict, detect_stragglers,
+    max_abs_zscore, max_zscore_bound, measured_throughput_loss, predicted_slowdown,
+    predicted_throughput_loss, ratio_to_median_with_self,
+)
 
 
 def _times(num_ranks: int, steps: int, *, slow_rank: int | None = None, delay: float = 0.0,
@@ -161,7 +162,7 @@ def test_zscore_is_zero_when_ranks_are_equal_and_bound_needs_two_ranks():
 
 # -- the shipped recording --------------------------------------------------------------------
 def test_the_shipped_recording_has_every_case_the_lab_grades_on():
-    from perflab import straggler_recording
+    from perflab.analysis.stragglers import straggler_recording
 
     rec = straggler_recording()
     assert rec["source"] == "benchmarks/record_stragglers.py" and rec["seed"] == 7
@@ -173,7 +174,7 @@ def test_the_shipped_recording_has_every_case_the_lab_grades_on():
 
 
 def test_the_recording_reader_rejects_an_unknown_name():
-    from perflab import straggler_recording
+    from perflab.analysis.stragglers import straggler_recording
 
     with pytest.raises(ValueError, match="no shipped straggler recording"):
         straggler_recording("nope.json")
@@ -193,7 +194,7 @@ def one_rank(tmp_path):
 
 
 def test_rank_body_records_every_measured_step(one_rank):
-    from perflab import reference_gather, straggler_rank
+    from perflab.labs.lab07 import reference_gather, straggler_rank
 
     assert reference_gather(0.25) == [0.25]
     out = straggler_rank([{"name": "a", "steps": 3, "slow": {}, "batch": "even"},
@@ -215,7 +216,7 @@ def test_rank_body_records_every_measured_step(one_rank):
     ([{"name": "x", "steps": 1, "slow": {}}], {"global_batch": 0}, "global_batch must be"),
 ])
 def test_rank_body_rejects_bad_phases(one_rank, phases, kw, match):
-    from perflab import straggler_rank
+    from perflab.labs.lab07 import straggler_rank
 
     with pytest.raises(ValueError, match=match):
         straggler_rank(phases, None, sizes=(8, 4), **kw)
@@ -224,7 +225,8 @@ def test_rank_body_rejects_bad_phases(one_rank, phases, kw, match):
 def test_thread_cpu_clock_counts_work_not_sleep():
     import time
 
-    from perflab import Stopwatch, ThreadCpuClock
+    from perflab.core.timing import Stopwatch
+    from perflab.labs.lab07 import ThreadCpuClock
 
     with Stopwatch(clock=ThreadCpuClock()) as cpu, Stopwatch() as wall:
         time.sleep(0.05)
@@ -241,7 +243,7 @@ def test_rank_body_rebalances_with_the_students_function(one_rank, tmp_path, mon
                                                          answer, error):
     import importlib
 
-    from perflab import straggler_rank
+    from perflab.labs.lab07 import straggler_rank
 
     name = f"s07_unit_{['[32]', '[40]', '[32.0]', '1 / 0'].index(answer)}"
     (tmp_path / f"{name}.py").write_text(

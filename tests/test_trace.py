@@ -1,4 +1,4 @@
-"""perflab.trace on a trace recorded here (tiny model, PhaseTimer phases) and, when the
+"""perflab.analysis.trace on a trace recorded here (tiny model, PhaseTimer phases) and, when the
 shared fixtures are present, on a real GPU trace."""
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perflab.result import PHASES
-from perflab.trace import (EVENT_COLUMNS, PHASE_COLUMNS, events_frame, load_trace,
-                           phase_times)
+from perflab.core.result import PHASES
+from perflab.analysis.trace import (
+    EVENT_COLUMNS, PHASE_COLUMNS, events_frame, load_trace, phase_times,
+)
 from tests.synthetic import record_tiny_cpu_trace
 
 GPU_TRACES = Path(__file__).resolve().parents[2] / "shared/fixtures/gpu-traces"
@@ -131,7 +132,7 @@ def test_real_gpu_trace_fixture():
 
 
 def test_load_ranks_rounds_ns_gpu_traces_inwards_as_hta():
-    from perflab.trace import load_ranks
+    from perflab.analysis.trace import load_ranks
 
     def events(ts, dur):
         kernel = {**_ev("gemm", "kernel", dur, ts=ts), "args": {"stream": 7,
@@ -147,7 +148,7 @@ def test_load_ranks_rounds_ns_gpu_traces_inwards_as_hta():
 
 
 def test_load_ranks_drops_the_last_profiler_step_as_hta():
-    from perflab.trace import load_ranks
+    from perflab.analysis.trace import load_ranks
 
     def launch(ts, corr):
         return {**_ev("cudaLaunchKernel", "cuda_runtime", 1.0, ts=ts),
@@ -167,7 +168,7 @@ def test_load_ranks_drops_the_last_profiler_step_as_hta():
 def test_load_ranks_restores_the_garbage_collector(tmp_path):
     import gc
 
-    from perflab.trace import load_ranks
+    from perflab.analysis.trace import load_ranks
     assert gc.isenabled()
     load_ranks({"traceEvents": []})
     assert gc.isenabled()

@@ -1,4 +1,4 @@
-"""perflab.trace's per-rank analyses against HolisticTraceAnalysis (HTA) on real GPU traces,
+"""perflab.analysis.trace's per-rank analyses against HolisticTraceAnalysis (HTA) on real GPU traces,
 on a synthetic nanosecond-resolution GPU trace, and on CPU traces recorded here.
 
 Reference values (the HTA_* constants) were computed once with HTA 0.6.1 (PyPI
@@ -23,11 +23,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perflab.result import PHASES
-from perflab.trace import RankTrace, load_ranks, load_trace, phase_times
-from perflab.trace_analysis import (comm_comp_overlap, idle_time_breakdown, phase_breakdown,
-                                    plot_breakdown, temporal_breakdown)
-from perflab.trace_analysis import IDLE_COLUMNS, OVERLAP_COLUMNS, TEMPORAL_COLUMNS
+from perflab.core.result import PHASES
+from perflab.analysis.trace import RankTrace, load_ranks, load_trace, phase_times
+from perflab.analysis.trace_analysis import (
+    comm_comp_overlap, idle_time_breakdown, phase_breakdown, plot_breakdown,
+    temporal_breakdown,
+)
+from perflab.analysis.trace_analysis import IDLE_COLUMNS, OVERLAP_COLUMNS, TEMPORAL_COLUMNS
 from tests.synthetic import record_tiny_cpu_trace
 
 GPU_TRACES = Path(__file__).resolve().parents[1].parent / "shared/fixtures/gpu-traces"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from perflab import RunConfig, RunResult, run
-from perflab.result import PHASES
+from perflab.core.result import PHASES
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_technique_knobs_run(tiny_dataset, results_dir, changes):
 
 def test_train_step_bf16_matches_fp32_loosely():
     from perflab.models import tiny_cnn
-    from perflab.step import train_step
+    from perflab.train.step import train_step
 
     torch.manual_seed(0)
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
@@ -142,7 +142,7 @@ def test_compute_only_has_no_data_wait(tiny_dataset, results_dir):
 
 
 def test_run_interleaved_pools_rounds(tiny_dataset, results_dir):
-    from perflab.train import run_interleaved
+    from perflab.experiment import run_interleaved
 
     a = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,
                   steps=3, warmup_steps=1)
@@ -159,7 +159,7 @@ def test_run_interleaved_pools_rounds(tiny_dataset, results_dir):
         run_interleaved([])
 
 
-# -- one step for one process and every rank (perflab.step) ------------------------------
+# -- one step for one process and every rank (perflab.train.step) ------------------------------
 def _tiny_model_and_batch(seed: int = 0):
     """A model without batch statistics (BatchNorm would make micro-batches differ from
     the whole batch) and a fixed batch of 8 (B, 3, 4, 4) images."""
@@ -174,7 +174,7 @@ def _tiny_model_and_batch(seed: int = 0):
 def test_accumulation_equals_one_big_batch():
     """Two micro-batches of 4 with accumulation_steps=2 update the parameters exactly
     as one batch of 8 (the loss is divided by the number of micro-batches)."""
-    from perflab.step import train_step
+    from perflab.train.step import train_step
 
     big, x, y = _tiny_model_and_batch()
     small, _, _ = _tiny_model_and_batch()
@@ -198,8 +198,8 @@ def test_accumulation_equals_one_big_batch():
 
 
 def test_train_step_times_every_micro_batch_and_the_wait():
-    from perflab.step import train_step
-    from perflab.timing import PhaseTimer
+    from perflab.train.step import train_step
+    from perflab.core.timing import PhaseTimer
 
     model, x, y = _tiny_model_and_batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -222,7 +222,7 @@ def test_train_step_times_every_micro_batch_and_the_wait():
     (dict(accumulation_steps=1.5), "accumulation_steps must be an int >= 1"),
 ])
 def test_train_step_rejects_bad_accumulation(kwargs, match):
-    from perflab.step import train_step
+    from perflab.train.step import train_step
 
     model, x, y = _tiny_model_and_batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -231,7 +231,7 @@ def test_train_step_rejects_bad_accumulation(kwargs, match):
 
 
 def test_train_step_needs_a_batch():
-    from perflab.step import train_step
+    from perflab.train.step import train_step
 
     model, _, _ = _tiny_model_and_batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -241,8 +241,8 @@ def test_train_step_needs_a_batch():
 
 @pytest.mark.parametrize("where", ["data", "before_forward", "before_backward"])
 def test_straggler_delay_sleeps_once_where_it_is_placed(monkeypatch, where):
-    from perflab import step
-    from perflab.timing import PhaseTimer
+    from perflab.train import step
+    from perflab.core.timing import PhaseTimer
 
     slept: list[tuple[str, float]] = []
     current = {"phase": None}

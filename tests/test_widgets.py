@@ -1,14 +1,14 @@
-"""perflab.widgets.experiment_panel with an injected, fake run function (no training)."""
+"""perflab.ui.widgets.experiment_panel with an injected, fake run function (no training)."""
 from __future__ import annotations
 
 import ipywidgets as W
 import pytest
 
-from perflab import widgets
-from perflab.config import RunConfig
-from perflab.result import RunResult
+from perflab.ui import widgets
+from perflab.core.config import RunConfig
+from perflab.core.result import RunResult
 from synthetic import synthetic_result
-from perflab.widgets import ExperimentPanel, experiment_panel
+from perflab.ui.widgets import ExperimentPanel, experiment_panel
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BASE = RunConfig(device="cpu", model="tiny", batch_size=8, steps=6, warmup_steps=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from perflab.models import resnet18
-from perflab.zero import GB, ZERO_STAGES, zero_memory, zero_table
+from perflab.analysis.zero import GB, ZERO_STAGES, zero_memory, zero_table
 
 # Rajbhandari et al. 2020, Figure 1: Psi = 7.5 B, K = 12, N_d = 64.
 PSI, N_D = 7_500_000_000, 64
@@ -83,9 +83,9 @@ def test_figure_1_assumptions_term_by_term():
 def test_zero_vs_measured_on_the_model_trained():
     import torch
 
-    from perflab.sharding import state_bytes
-    from perflab.sharding_run import mlp
-    from perflab.zero import zero_vs_measured
+    from perflab.analysis.sharding import state_bytes
+    from perflab.models import mlp
+    from perflab.analysis.zero import zero_vs_measured
 
     model = mlp([32] * 9)
     opt = torch.optim.AdamW(model.parameters())

@@ -1,7 +1,7 @@
 """Mixed precision, measured: which ops ran in low precision, loss parity, loss scaling.
 
 ``RunConfig.amp`` turns on ``torch.autocast`` (bf16, or fp16 with
-``torch.amp.GradScaler``) inside :func:`perflab.step.train_step`. This module holds
+``torch.amp.GradScaler``) inside :func:`perflab.train.step.train_step`. This module holds
 what Lab 03 measures about it besides speed:
 
 * :func:`op_dtypes`: every aten op a forward + loss ran, with its input and output
@@ -24,11 +24,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from perflab.config import RunConfig
-from perflab.figures import InlineFigure
-from perflab.loading import BatchStream
-from perflab.result import RunResult
-from perflab.step import AMP_DTYPES, build_training, make_scaler, train_step
+from perflab.core.config import RunConfig
+from perflab.viz.figures import InlineFigure
+from perflab.data.prefetch import BatchStream
+from perflab.core.result import RunResult
+from perflab.train.step import AMP_DTYPES, build_training, make_scaler, train_step
 
 __all__ = ["op_dtypes", "ops_kept_in_fp32", "Parity", "loss_parity", "plot_parity",
            "scaler_trace", "scaler_steps"]

@@ -23,14 +23,16 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
-from perflab.config import RunConfig
-from perflab.measurement import Measurement
-from perflab.memory import MIB, SavedTensorsCounter, saved_activation_bytes, tensor_peak_bytes
+from perflab.core.config import RunConfig
+from perflab.core.measurement import Measurement
+from perflab.core.memory import (
+    MIB, SavedTensorsCounter, saved_activation_bytes, tensor_peak_bytes,
+)
 from perflab.models import ResNet
-from perflab.figures import InlineFigure
-from perflab.timing import measure
-from perflab.step import train_step
-from perflab.workloads import training_parts
+from perflab.viz.figures import InlineFigure
+from perflab.core.timing import measure
+from perflab.train.step import train_step
+from perflab.train.workloads import training_parts
 
 __all__ = ["SETTINGS", "STAGE_NAMES", "Segment", "segment_plan", "checkpointed_stages",
            "chen_cost", "sqrt_n_segments", "stage_table", "TradeoffCurve", "tradeoff_curve"]
@@ -206,16 +208,16 @@ def tradeoff_curve(config: RunConfig, settings: Sequence[str | int] = SETTINGS, 
     """Measure every checkpointing setting on one model and one fixed batch.
 
     For each setting (applied with ``ResNet.set_checkpointing``): the bytes saved for
-    backward (:func:`~perflab.memory.saved_activation_bytes`), the largest checkpointed
+    backward (:func:`~perflab.core.memory.saved_activation_bytes`), the largest checkpointed
     segment's own saved bytes (what backward recomputes at once, from
     :func:`stage_table`), the peak of tensor bytes during one training step
-    (:func:`~perflab.memory.tensor_peak_bytes`: includes gradients and temporaries), and
-    the step time (:func:`~perflab.timing.measure` of ``train_step``).
+    (:func:`~perflab.core.memory.tensor_peak_bytes`: includes gradients and temporaries), and
+    the step time (:func:`~perflab.core.timing.measure` of ``train_step``).
 
     Args:
         config: a ResNet-18 config (its ``checkpointing`` is ignored; ``amp`` is used).
         settings: the settings to measure, in the order to show them.
-        warmup, repeats: passed to :func:`~perflab.timing.measure` per setting.
+        warmup, repeats: passed to :func:`~perflab.core.timing.measure` per setting.
 
     Returns:
         A :class:`TradeoffCurve`; its table is indexed by setting (str) with columns

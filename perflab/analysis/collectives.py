@@ -12,7 +12,7 @@
 
 Message size ``n`` is the allreduced tensor's size on each rank (bytes), as nccl-tests'
 ``size``; the simulated link charges the ring's ``2(p-1)/p * n`` wire bytes (see
-:class:`perflab.link.LinkModel`), so the fitted ``beta`` is an algorithm bandwidth and
+:class:`perflab.core.simulated.LinkModel`), so the fitted ``beta`` is an algorithm bandwidth and
 ``busbw`` of it is the link's bandwidth.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 from perflab.distributed import launch_fn
 from perflab.distributed.ddp import (check_compression, register_comm_hook,
                                      timed_allreduce_buckets)
-from perflab.figures import new_ax
-from perflab.link import SimulatedLink, ring_allreduce_wire_bytes
-from perflab.timing import PerfCounterClock
+from perflab.viz.figures import new_ax
+from perflab.core.simulated import SimulatedLink, ring_allreduce_wire_bytes
+from perflab.core.timing import PerfCounterClock
 
 __all__ = ["allreduce_sweep", "sweep_on_rank", "fit_alpha_beta",
            "AlphaBetaFit", "algbw_bytes_per_s", "busbw_bytes_per_s", "plot_alpha_beta",
@@ -116,7 +116,7 @@ def recorded_allreduce_sweep(name: str = "allreduce_sweep_gloo2.json"
     Raises:
         ValueError: no recording of that name (the message lists the shipped ones).
     """
-    from perflab.storage import read_recording
+    from perflab.core.storage import read_recording
 
     meta = read_recording(name, "allreduce_")
     table = pd.DataFrame(meta.pop("rows"))

@@ -1,7 +1,7 @@
 """``torch.compile``: compile time vs steady state, break-even, graph breaks, kernels (Lab 05).
 
 * :func:`time_compile` measures an eager and a compiled callable the same way
-  (:func:`perflab.timing.measure`); the compiled one's first calls hold the compile
+  (:func:`perflab.core.timing.measure`); the compiled one's first calls hold the compile
   time (:func:`compile_overhead_s`), the rest its steady state;
   :func:`break_even_steps` is the arithmetic of when compiling pays.
 * :func:`graph_breaks` (``torch._dynamo.explain``) and :func:`count_compiles`
@@ -11,10 +11,10 @@
   kernels (convolutions, matmuls) that it did not generate.
 * :func:`op_time_share` says how much of a step the library kernels take.
 
-The workloads (a fusion-bound pointwise chain, ResNet-18) are in :mod:`perflab.workloads`.
+The workloads (a fusion-bound pointwise chain, ResNet-18) are in :mod:`perflab.train.workloads`.
 
 Inductor's compile cache (warm vs cold, in fresh processes) lives in
-:mod:`perflab.compile_cache`.
+:mod:`perflab.analysis.compile_cache`.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from perflab.measurement import Comparison, Measurement, compare
-from perflab.timing import measure
+from perflab.core.measurement import Comparison, Measurement, compare
+from perflab.core.timing import measure
 
 __all__ = ["compile_overhead_s", "break_even_steps", "describe_break_even", "CompileTiming",
            "time_compile", "GraphBreaks", "graph_breaks", "CompileCount", "count_compiles",
@@ -124,7 +124,7 @@ def time_compile(eager_fn: Callable[[], Any], compiled_fn: Callable[[], Any], *,
         eager_fn, compiled_fn: no-argument callables doing the same work; the second
             wraps a ``torch.compile``\\d function whose first call compiles.
         label: the workload's name.
-        warmup, repeats: :func:`perflab.timing.measure`'s; warmup >= 1.
+        warmup, repeats: :func:`perflab.core.timing.measure`'s; warmup >= 1.
         device: where they run (for the device sync).
         samples_per_call: for throughput.
         inductor_config: ``torch._inductor.config`` values patched around each compiled

@@ -19,12 +19,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.compilation import (CompileTiming, KernelSummary, compile_overhead_s,
-                                 generated_code, kernel_summary)
-from perflab.config import RunConfig
-from perflab.result import RunResult, default_results_dir
-from perflab.timing import Stopwatch
-from perflab.train import run
+from perflab.analysis.compilation import (
+    CompileTiming, KernelSummary, compile_overhead_s, generated_code, kernel_summary,
+)
+from perflab.core.config import RunConfig
+from perflab.core.result import RunResult
+from perflab.core.paths import default_results_dir
+from perflab.core.timing import Stopwatch
+from perflab.experiment import run
 
 __all__ = ["inductor_cache_dir", "CacheRun", "run_in_fresh_process", "timing_from_runs"]
 
@@ -32,7 +34,7 @@ __all__ = ["inductor_cache_dir", "CacheRun", "run_in_fresh_process", "timing_fro
 def inductor_cache_dir(name: str = "lab05", root: str | Path | None = None) -> Path:
     """``<results>/inductor-cache/<name>``: a predictable cache directory (not created).
 
-    ``root`` defaults to :func:`perflab.result.default_results_dir` (``$PERFLAB_RESULTS``
+    ``root`` defaults to :func:`perflab.core.paths.default_results_dir` (``$PERFLAB_RESULTS``
     or ``results/``), so CI can keep it between the steps of one job.
     """
     return Path(root or default_results_dir()) / "inductor-cache" / name
@@ -59,7 +61,7 @@ class CacheRun:
     @property
     def compile_s(self) -> float:
         """Seconds of the warm-up steps beyond the steady state
-        (:func:`~perflab.compilation.compile_overhead_s`)."""
+        (:func:`~perflab.analysis.compilation.compile_overhead_s`)."""
         return compile_overhead_s(self.result.step)
 
     def __repr__(self) -> str:
@@ -94,7 +96,7 @@ def run_in_fresh_process(config: RunConfig, cache_dir: str | Path, *, clear: boo
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache.resolve())}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-c", "from perflab.compile_cache import _worker; _worker()",
+        cmd = [sys.executable, "-c", "from perflab.analysis.compile_cache import _worker; _worker()",
                json.dumps(config.to_dict()), str(out)]
         with Stopwatch() as sw:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -118,7 +120,7 @@ def _worker() -> None:
 
 
 def timing_from_runs(eager: RunResult, compiled: RunResult, label: str) -> CompileTiming:
-    """A :class:`~perflab.compilation.CompileTiming` from two runs of the same config,
+    """A :class:`~perflab.analysis.compilation.CompileTiming` from two runs of the same config,
     one with ``compile="off"`` and one compiled (whole training steps, seconds).
 
     Raises:

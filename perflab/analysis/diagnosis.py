@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from perflab.result import PHASES, RunResult
+from perflab.core.result import PHASES, RunResult
 
 __all__ = ["diagnose", "Diagnosis", "DATA_WAIT_SHARE", "MEMORY_FRACTION", "COMM_SHARE",
            "OPTIMIZER_SHARE", "HostSyncs", "count_host_syncs", "SYNC_OPS"]

@@ -11,7 +11,7 @@
   also count the forward pieces activation checkpointing recomputes in backward.
 * Peak FLOP/s: the vendor datasheet value for known GPUs (:data:`PEAK_TFLOPS`, dense,
   no structured sparsity), else a *measured* matmul peak of the run's dtype (CPU or
-  unknown GPU; :mod:`perflab.roofline`, so a bf16 run on a CPU without bf16
+  unknown GPU; :mod:`perflab.analysis.roofline`, so a bf16 run on a CPU without bf16
   instructions is compared with that CPU's bf16 rate), labelled "measured"; never a guess (an unmeasurable peak is None and MFU "unavailable").
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from perflab.config import RunConfig, resolve_device
-from perflab.dtypes import LOW_PRECISION_DTYPES
-from perflab.env import env_summary
+from perflab.core.config import RunConfig, resolve_device
+from perflab.core.dtypes import LOW_PRECISION_DTYPES
+from perflab.core.env import env_summary
 from perflab.models import build_model
-from perflab.result import RunResult
-from perflab.roofline import measure_matmul
-from perflab.timing import measure
+from perflab.core.result import RunResult
+from perflab.analysis.roofline import measure_matmul
+from perflab.core.timing import measure
 
 __all__ = ["FlopCount", "count_flops", "PeakFlops", "peak_flops", "measure_peak_flops",
            "PEAK_TFLOPS", "Utilization", "utilization", "mfu_pct", "dtype_of",
@@ -246,7 +246,7 @@ _MEASURED: dict[tuple, PeakFlops] = {}  # (device, dtype, n, threads) -> measure
 def measure_peak_flops(device: str | torch.device = "cpu", dtype: Dtype = "fp32", *,
                        n: int = 1024, repeats: int = 10) -> PeakFlops:
     """MEASURE a matmul peak: ``n x n @ n x n`` (2 n^3 FLOPs) timed with
-    :func:`perflab.timing.measure` (synchronised, warm-up dropped), best of ``repeats``.
+    :func:`perflab.core.timing.measure` (synchronised, warm-up dropped), best of ``repeats``.
 
     This is the achievable dense-matmul rate of this device at the current thread count,
     not a datasheet number, so MFU against it reads higher than against a theoretical
@@ -289,7 +289,7 @@ def peak_flops(device: str | torch.device = "auto", dtype: Dtype = "fp32", *,
 
     A CUDA GPU in :data:`PEAK_TFLOPS` gets its datasheet value (dense); a CPU, or a GPU
     not in the table, gets :func:`measured_peak` (this process's measured matmul rate in
-    ``dtype``, :mod:`perflab.roofline`) when ``measure_unknown``, else
+    ``dtype``, :mod:`perflab.analysis.roofline`) when ``measure_unknown``, else
     "unavailable" (flops_per_s None). A dtype the datasheet lists no figure for (e.g.
     bf16 on a V100) is unavailable.
 
@@ -318,7 +318,7 @@ def peak_flops(device: str | torch.device = "auto", dtype: Dtype = "fp32", *,
 
 
 def measured_peak(device: str | torch.device, dtype: Dtype) -> PeakFlops:
-    """The peak of ``dtype`` from :func:`perflab.roofline.measure_matmul` (the same,
+    """The peak of ``dtype`` from :func:`perflab.analysis.roofline.measure_matmul` (the same,
     per-process cached measurement ``perflab doctor`` prints), labelled "measured";
     "unavailable" when the device does not run that dtype.
 

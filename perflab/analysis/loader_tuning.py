@@ -2,15 +2,15 @@
 
 The input pipeline's **efficiency** is its throughput divided by the compute-only
 bound (the same config with ``compute_only=True``: one batch kept on the device; see
-:func:`perflab.loading.pipeline_efficiency`).
+:func:`perflab.data.prefetch.pipeline_efficiency`).
 :func:`sweep_loader` measures a grid of ``num_workers`` / ``pin_memory`` /
-``persistent_workers`` / ``prefetch_factor`` with :func:`perflab.train.run` and
+``persistent_workers`` / ``prefetch_factor`` with :func:`perflab.experiment.run` and
 tabulates throughput (95 % CI), efficiency, data-wait share and the loader's start-up
 costs; :func:`tune_loader` picks settings by measuring within a time budget, not by a
 rule of thumb ("num_workers = 4 x GPUs" is wrong on a 2-core laptop and on a slow disk).
 
-Clocks are read through :mod:`perflab.timing` only. This module imports
-:mod:`perflab.data` and :mod:`perflab.train` inside functions (``perflab.data``
+Clocks are read through :mod:`perflab.core.timing` only. This module imports
+:mod:`perflab.data.loader` and :mod:`perflab.experiment` inside functions (``perflab.data.loader``
 re-exports the sweep and the tuner).
 """
 from __future__ import annotations
@@ -23,13 +23,15 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from perflab.config import RunConfig
-from perflab.figures import InlineFigure
-from perflab.loading import FirstBatch, LOADER_FIELDS, pipeline_efficiency, time_first_batch
-from perflab.measurement import compare
-from perflab.result import RunResult
-from perflab.timing import Stopwatch
-from perflab.train import run
+from perflab.core.config import RunConfig
+from perflab.viz.figures import InlineFigure
+from perflab.data.prefetch import (
+    FirstBatch, LOADER_FIELDS, pipeline_efficiency, time_first_batch,
+)
+from perflab.core.measurement import compare
+from perflab.core.result import RunResult
+from perflab.core.timing import Stopwatch
+from perflab.experiment import run
 
 __all__ = ["default_worker_counts", "LoaderSweep", "sweep_loader", "LoaderTuning",
            "tune_loader", "plot_sweep"]
@@ -128,7 +130,7 @@ def sweep_loader(config: RunConfig, *, num_workers: Sequence[int] | None = None,
                  progress: bool = True, save: bool = True) -> LoaderSweep:
     """Measure every combination of the given DataLoader settings on ``config``.
 
-    Each combination is one :func:`perflab.train.run` (warm-up dropped). An axis left
+    Each combination is one :func:`perflab.experiment.run` (warm-up dropped). An axis left
     as None keeps ``config``'s value; ``num_workers`` defaults to
     :func:`default_worker_counts` (0..cores). With 0 workers, ``persistent_workers``
     and ``prefetch_factor`` do not apply, so such rows are measured once.

@@ -7,9 +7,9 @@
   ``torch.cuda.set_per_process_memory_fraction`` during the search.
 * CPU: a CPU rarely runs out of memory cleanly (the machine swaps or the OOM killer
   ends the kernel), so a budget in GiB is checked instead against measured bytes:
-  model state (parameters + gradients + optimizer state, :func:`perflab.memory.
+  model state (parameters + gradients + optimizer state, :func:`perflab.core.memory.
   model_state_bytes` after a step), the bytes saved for backward at that batch size
-  (:func:`perflab.memory.saved_activation_bytes`) and, with checkpointing, the largest
+  (:func:`perflab.core.memory.saved_activation_bytes`) and, with checkpointing, the largest
   segment backward recomputes at once (:func:`cpu_step_bytes`). Deterministic; it
   leaves out temporaries and allocator caching, which the GPU search includes.
 
@@ -24,11 +24,11 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from perflab.checkpointing import segment_plan, stage_table
-from perflab.config import RunConfig
-from perflab.memory import GIB, MIB, model_state_bytes, saved_activation_bytes
-from perflab.step import make_scaler, train_step
-from perflab.workloads import synthetic_batch, training_parts
+from perflab.analysis.checkpointing import segment_plan, stage_table
+from perflab.core.config import RunConfig
+from perflab.core.memory import GIB, MIB, model_state_bytes, saved_activation_bytes
+from perflab.train.step import make_scaler, train_step
+from perflab.train.workloads import synthetic_batch, training_parts
 
 __all__ = ["MaxBatch", "search_max_batch", "find_max_batch", "cpu_step_bytes"]
 
@@ -130,7 +130,7 @@ def cpu_step_bytes(config: RunConfig) -> Callable[[int], dict[str, int]]:
     * saved: bytes saved for backward by the forward pass (+ loss), checkpointing on;
     * recompute: with checkpointing, the largest checkpointed segment's own saved bytes,
       which backward holds while it recomputes that segment (Chen et al. 2016's n/k
-      term; from :func:`perflab.checkpointing.stage_table`); 0 without.
+      term; from :func:`perflab.analysis.checkpointing.stage_table`); 0 without.
     """
     parts = training_parts(config, batch_size=2)
     train_step(parts.model, parts.x, parts.y, parts.optimizer, amp=config.amp)

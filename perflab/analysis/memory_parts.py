@@ -3,7 +3,7 @@
 For P parameters of b bytes: parameters P*b, gradients P*b, optimizer state k*P*b
 (:func:`optimizer_state_multiplier`), and activations from the layer shapes
 (:func:`activation_formula_bytes`). :func:`memory_breakdown` puts each formula next to
-the bytes measured by :mod:`perflab.memory`.
+the bytes measured by :mod:`perflab.core.memory`.
 """
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perflab.memory import (MIB, SavedTensorsCounter, model_state_tensors,
-                            model_state_bytes)
+from perflab.core.memory import (
+    MIB, SavedTensorsCounter, model_state_tensors, model_state_bytes,
+)
 
 __all__ = ["optimizer_state_multiplier", "activation_formula_bytes", "memory_breakdown"]
 

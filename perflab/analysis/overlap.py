@@ -1,6 +1,6 @@
 """Overlap efficiency of DDP: how much of the gradient allreduce hides behind backward.
 
-From one rank's :class:`~perflab.result.RunResult` of a data-parallel run (medians):
+From one rank's :class:`~perflab.core.result.RunResult` of a data-parallel run (medians):
 
 * compute = the "compute" phase (the same step under ``no_sync``: no communication),
 * comm = the "comm" phase (the step's buckets allreduced alone, in order),
@@ -36,12 +36,13 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from perflab.config import RunConfig
+from perflab.core.config import RunConfig
 from perflab.distributed import launch
 from perflab.distributed.ddp import check_compression
-from perflab.figures import new_ax
-from perflab.link import COMPRESSIONS, LinkModel, SimulatedLink, hook_compression
-from perflab.result import RunResult
+from perflab.viz.figures import new_ax
+from perflab.distributed.link_hook import COMPRESSIONS, hook_compression
+from perflab.core.simulated import LinkModel, SimulatedLink
+from perflab.core.result import RunResult
 
 __all__ = ["overlap_efficiency", "ideal_step_s", "machine_bound_s", "last_bucket_s",
            "overlap_metrics", "overlap_table",
@@ -110,7 +111,7 @@ def last_bucket_s(buckets: Sequence[dict[str, int]], comm_s: float, *,
     DDP sends its buckets in index order (:func:`perflab.distributed.ddp.ddp_buckets`);
     the last holds the first layers' gradients, ready only when backward ends. With a
     ``link``: its modelled time, alpha + wire bytes / beta
-    (:meth:`perflab.link.LinkModel.duration_s`), of the bytes sent (halved by fp16/bf16
+    (:meth:`perflab.core.simulated.LinkModel.duration_s`), of the bytes sent (halved by fp16/bf16
     compression). Without one: ``comm_s`` times the bucket's share of the bytes (the real
     backend's time per byte, measured; its alpha is not separated out).
 

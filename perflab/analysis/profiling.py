@@ -26,13 +26,14 @@ from typing import Any
 import pandas as pd
 import torch
 
-from perflab.config import RunConfig
-from perflab.data import infinite_batches, make_loader
-from perflab.diagnosis import Diagnosis, diagnose
-from perflab.result import RunResult, default_results_dir
-from perflab.step import build_training, train_step
-from perflab.trace import events_frame, load_trace, phase_times
-from perflab.train import run
+from perflab.core.config import RunConfig
+from perflab.data.loader import infinite_batches, make_loader
+from perflab.analysis.diagnosis import Diagnosis, diagnose
+from perflab.core.result import RunResult
+from perflab.core.paths import default_results_dir
+from perflab.train.step import build_training, train_step
+from perflab.analysis.trace import events_frame, load_trace, phase_times
+from perflab.experiment import run
 
 __all__ = ["profile", "ProfileSummary", "cprofile_loader", "line_profile_dataset",
            "memory_profile_step", "TOP_OPS_COLUMNS", "step_ranges", "quiet_native_stderr"]
@@ -43,7 +44,7 @@ TOP_OPS_COLUMNS = ("name", "calls", "self_cpu_ms", "cpu_total_ms", "self_cpu_pct
 @dataclass(frozen=True, eq=False)
 class ProfileSummary:
     """What :func:`profile` recorded: ``top_ops`` (DataFrame, ms), ``trace_path`` (Chrome
-    trace JSON), ``tensorboard_dir`` (or None), ``phases`` (:func:`perflab.trace.
+    trace JSON), ``tensorboard_dir`` (or None), ``phases`` (:func:`perflab.analysis.trace.
     phase_times` of the trace, ms), ``result`` (the profiled run, profiler overhead
     included) and ``diagnosis`` (:func:`diagnose` of it)."""
 
@@ -100,7 +101,7 @@ def profile(config: RunConfig, *, wait: int = 1, warmup: int = 1, active: int = 
             row_limit: int = 15, progress: bool = True) -> ProfileSummary:
     """Profile ``config``'s training loop with ``torch.profiler`` and summarise it.
 
-    Runs :func:`perflab.train.run` (the loop every measurement uses) for ``wait + warmup``
+    Runs :func:`perflab.experiment.run` (the loop every measurement uses) for ``wait + warmup``
     warm-up and ``max(active, 2)`` measured steps under ``torch.profiler.schedule(wait,
     warmup, active, repeat=1)``; activities CPU, plus CUDA on CUDA. The Chrome trace goes
     to ``<trace_dir>/<label>-<UTC time>.json`` (default ``default_results_dir() /
@@ -115,7 +116,7 @@ def profile(config: RunConfig, *, wait: int = 1, warmup: int = 1, active: int = 
 
     Raises:
         ValueError: ``wait`` or ``warmup`` < 0, ``active`` or ``row_limit`` < 1 (checked
-            before any work); a bad dataset (from :func:`perflab.train.run`).
+            before any work); a bad dataset (from :func:`perflab.experiment.run`).
     """
     for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0),
                              ("active", active, 1), ("row_limit", row_limit, 1)):
@@ -205,7 +206,7 @@ def line_profile_dataset(config: RunConfig, *, samples: int = 32) -> pd.DataFram
     """``line_profiler`` timings of the dataset's ``__getitem__`` and the train transform.
 
     Profiles ``type(dataset).__getitem__``, ``type(dataset.transform).__call__`` and
-    :mod:`perflab.data`'s ``random_resized_crop``, ``to_tensor`` and ``normalize`` while
+    :mod:`perflab.data.loader`'s ``random_resized_crop``, ``to_tensor`` and ``normalize`` while
     ``dataset[i % len(dataset)]`` runs for ``i < samples`` in this process. A line's time
     includes the calls it makes, so a caller's line also counts its callees' lines.
 
@@ -221,7 +222,7 @@ def line_profile_dataset(config: RunConfig, *, samples: int = 32) -> pd.DataFram
     _check("samples", samples, 1)
     import line_profiler
 
-    from perflab import data
+    from perflab.data import loader as data
 
     dataset = data.make_loader(_main_process(config)).dataset
     funcs = [type(dataset).__getitem__]
@@ -248,9 +249,9 @@ def line_profile_dataset(config: RunConfig, *, samples: int = 32) -> pd.DataFram
 
 
 def memory_profile_step(config: RunConfig) -> pd.DataFrame:
-    """``memory_profiler``'s line-by-line memory of :func:`perflab.step.train_step`.
+    """``memory_profiler``'s line-by-line memory of :func:`perflab.train.step.train_step`.
 
-    The first step of a fresh model (:func:`perflab.step.build_training`, one batch loaded
+    The first step of a fresh model (:func:`perflab.train.step.build_training`, one batch loaded
     in this process) runs under ``memory_profiler.LineProfiler`` (psutil backend), which
     reads the process's resident set size (RSS) at each line. RSS shows only what the OS
     gives the process: allocators keep freed memory for reuse, so a line that frees
@@ -296,7 +297,7 @@ def step_ranges(trace: Any, names: tuple[str, ...] | list[str]) -> list[dict]:
     the same thread (CPU autograd runs backward on the calling thread).
 
     Args:
-        trace: a dict from :func:`perflab.trace.load_trace`, or a path.
+        trace: a dict from :func:`perflab.analysis.trace.load_trace`, or a path.
         names: range names to look for (e.g. ``("data", "forward", "backward",
             "optimizer")``).
 
@@ -307,7 +308,7 @@ def step_ranges(trace: Any, names: tuple[str, ...] | list[str]) -> list[dict]:
         in no step come last under ``"step": None``.
 
     Raises:
-        ValueError / FileNotFoundError: see :func:`perflab.trace.load_trace`.
+        ValueError / FileNotFoundError: see :func:`perflab.analysis.trace.load_trace`.
     """
     ev = events_frame(trace)
     ev = ev.assign(end_us=ev["ts_us"] + ev["dur_us"])

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils import benchmark
 
-from perflab.config import DEVICES, resolve_device
-from perflab.dtypes import LOW_PRECISION_DTYPES
-from perflab.env import env_summary
+from perflab.core.config import DEVICES, resolve_device
+from perflab.core.dtypes import LOW_PRECISION_DTYPES
+from perflab.core.env import env_summary
 
 __all__ = ["ROOFLINE_DTYPES", "ACCELERATED_RATIO", "MatmulRoof", "Roofline",
            "measure_roofline", "measure_matmul", "measure_bandwidth"]

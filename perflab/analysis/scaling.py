@@ -17,17 +17,18 @@ those runs "oversubscribed" so no plot or table hides it.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
+from perflab.core.simulated import SimulatedLink
+from perflab.core.timing import PhaseTimer
 from perflab.distributed import launch_fn
-from perflab.link import SimulatedLink
-from perflab.sharding_run import scaling_rank
+from perflab.models import mlp, mlp_batches
 
 __all__ = ["scaling_efficiency", "core_label", "scaling_configs", "scaling_table",
-           "scaling_curve", "SCALING_MODES"]
+           "scaling_curve", "SCALING_MODES", "scaling_rank"]
 
 #: "weak": fixed per-rank batch; "strong": fixed global batch.
 SCALING_MODES = ("weak", "strong")
@@ -91,7 +92,7 @@ def scaling_efficiency(step_s_1: Sequence[float], step_s_n: Sequence[float], n: 
 def scaling_configs(world_size: int, *, links: Sequence[SimulatedLink | None] = (None,),
                     per_rank_batch: int = 32, global_batch: int = 64, steps: int = 6,
                     warmup: int = 2) -> list[dict]:
-    """The configs :func:`perflab.sharding_run.scaling_rank` runs at one world size: for
+    """The configs :func:`perflab.analysis.scaling.scaling_rank` runs at one world size: for
     each mode (weak: ``per_rank_batch`` per rank; strong: ``global_batch // world_size``)
     and each link. Each config names its ``ranks`` (= ``world_size``), so a launch of
     more ranks can run it on its first ``world_size`` ranks: world size 1 and 2 in one
@@ -156,13 +157,13 @@ def scaling_curve(world_sizes: Sequence[int] = (1, 2, 4), *,
                   global_batch: int = 64, steps: int = 6, warmup: int = 2,
                   timeout_s: float = 300) -> pd.DataFrame:
     """Measure weak and strong scaling: one launch per world size (every link and both
-    modes inside it) of :func:`perflab.sharding_run.scaling_rank`, then
+    modes inside it) of :func:`perflab.analysis.scaling.scaling_rank`, then
     :func:`scaling_table`.
 
     Args:
         world_sizes: ranks per launch; must include 1 (the baseline).
         links: simulated links under DDP's allreduce (None = the real gloo loopback).
-        sizes: the MLP (:func:`perflab.sharding_run.mlp`).
+        sizes: the MLP (:func:`perflab.models.mlp`).
         per_rank_batch, global_batch, steps, warmup: as :func:`scaling_configs`.
         timeout_s: per launch.
 
@@ -182,3 +183,55 @@ def scaling_curve(world_sizes: Sequence[int] = (1, 2, 4), *,
     launches += [launch_fn(scaling_rank, w, args=(configs[w], list(sizes)), device="cpu",
                            timeout_s=timeout_s) for w in ws if w not in small]
     return scaling_table(launches)
+
+
+def scaling_rank(configs: Sequence[dict[str, Any]], sizes: Sequence[int], seed: int = 0
+                 ) -> list[dict[str, Any]]:
+    """Rank body: DDP + SGD step times for each config: a dict with ``batch`` (per rank),
+    ``steps``, ``warmup``, ``link`` (a :class:`~perflab.core.simulated.SimulatedLink` or None),
+    optionally ``ranks`` (train on the first ``ranks`` ranks only, in their own process
+    group, while the others wait: a smaller world size without another launch) and any
+    labels (``mode``...), which are passed through.
+
+    Returns:
+        Per config, the config's labels (``link`` as its name) with ``world_size`` (the
+        ranks that trained) and ``step_s``: this rank's step times in seconds after
+        ``warmup`` (timed with :class:`perflab.core.timing.PhaseTimer`), None on a rank that
+        only waited.
+
+    Raises:
+        ValueError: a link that is not a SimulatedLink, or ``ranks`` out of range.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from perflab.distributed.link_hook import register_link_hook
+
+    rank, world, out = dist.get_rank(), dist.get_world_size(), []
+    for cfg in configs:
+        link, ranks = cfg.get("link"), cfg.get("ranks", world)
+        if link is not None and not isinstance(link, SimulatedLink):
+            raise ValueError(f"link must be a SimulatedLink or None, got {link!r}")
+        if not 1 <= ranks <= world:
+            raise ValueError(f"ranks must be in 1..{world} (the launch's world_size), got {ranks}")
+        group = dist.new_group(list(range(ranks))) if ranks < world else None  # all ranks call
+        step_s = None
+        if rank < ranks:
+            ddp = DDP(mlp(sizes, seed), process_group=group)
+            state = None if link is None else register_link_hook(ddp, link, process_group=group)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            timer = PhaseTimer("cpu", annotate=False)
+            for x, y in mlp_batches(sizes, cfg["batch"], cfg["warmup"] + cfg["steps"], rank, seed):
+                if state is not None:
+                    state.reset()
+                with timer.step():
+                    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            step_s = list(timer.measurements(warmup=cfg["warmup"])["step"].times_s)
+        out.append({**{k: v for k, v in cfg.items() if k != "ranks"},
+                    "link": link.name if link else "real loopback", "world_size": ranks,
+                    "step_s": step_s})
+        dist.barrier()
+    return out

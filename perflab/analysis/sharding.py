@@ -11,9 +11,9 @@ Everything here reads the tensors and the calls themselves, never a formula:
 * :class:`count_collectives`: a context manager that counts calls and bytes of
   ``torch.distributed`` collectives by kind while it is open.
 
-Peak memory per rank comes from :func:`perflab.memory.reset_peak` / :func:`~perflab.memory.read_peak`
+Peak memory per rank comes from :func:`perflab.core.memory.reset_peak` / :func:`~perflab.core.memory.read_peak`
 (the CUDA allocator's peak, or on CPU the process's RSS high-water mark, labelled).
-The ZeRO formulas these measurements are checked against are in :mod:`perflab.zero`.
+The ZeRO formulas these measurements are checked against are in :mod:`perflab.analysis.zero`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Stragglers: one slow rank slows every rank. The injected fault, its cost, its detection.
 
-A :class:`perflab.straggler.Straggler` is a deliberate, labelled delay on one rank at one point of the
+A :class:`perflab.core.simulated.Straggler` is a deliberate, labelled delay on one rank at one point of the
 training step (STYLE: faults are injected on purpose and labelled).
 
 Synchronous data parallelism runs at the pace of the slowest rank: every rank waits in
@@ -100,7 +100,7 @@ def measured_throughput_loss(baseline_step_s: Sequence[float], delayed_step_s: S
     """Throughput loss measured on one rank: ``1 - median(baseline) / median(delayed)``.
 
     The interval combines the two medians' distribution-free intervals (each at
-    ``confidence``, as :attr:`perflab.measurement.Measurement.ci95_median` computes
+    ``confidence``, as :attr:`perflab.core.measurement.Measurement.ci95_median` computes
     them) at their extremes, so it is conservative. The prediction uses the baseline
     median as ``step_s``.
 
@@ -253,6 +253,6 @@ def straggler_recording(name: str = "straggler_timings.json") -> dict:
     Raises:
         ValueError: no recording of that name ships with perflab.
     """
-    from perflab.storage import read_recording
+    from perflab.core.storage import read_recording
 
     return read_recording(name, "straggler_")

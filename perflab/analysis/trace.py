@@ -7,7 +7,7 @@ Kineto's additions (``deviceProperties``, ``distributedInfo``). Every timed rang
 "complete" event (``"ph": "X"``) with a start ``ts`` and a duration ``dur``, both in
 microseconds (floats in recent Kineto versions).
 
-:class:`~perflab.timing.PhaseTimer` wraps each phase of a step in
+:class:`~perflab.core.timing.PhaseTimer` wraps each phase of a step in
 ``torch.profiler.record_function("perflab:<phase>")``; in the trace these are CPU events
 of category ``user_annotation`` (on CUDA, Kineto also writes a copy of each range on the
 GPU timeline with category ``gpu_user_annotation``; :func:`phase_times` uses the CPU
@@ -19,7 +19,7 @@ this machine and traces recorded elsewhere (for example on a GPU cluster).
 :func:`load_ranks` reads one trace per rank and prepares each as Meta's
 HolisticTraceAnalysis (HTA, github.com/facebookresearch/HolisticTraceAnalysis,
 ``hta/common/trace.py``, ``trace_parser.py``, ``trace_filter.py``) does, so that
-:mod:`perflab.trace_analysis` (built on this module) gets HTA's numbers:
+:mod:`perflab.analysis.trace_analysis` (built on this module) gets HTA's numbers:
 
 * events with a duration and a category, except category ``Trace``; when a GPU trace's
   timestamps are floats (nanosecond-resolution Kineto), each event is rounded inwards to
@@ -45,7 +45,7 @@ from typing import Any, Iterable, Mapping, Union
 import numpy as np
 import pandas as pd
 
-from perflab.result import PHASES
+from perflab.core.result import PHASES
 
 __all__ = ["load_trace", "events_frame", "phase_times", "load_ranks", "RankTrace",
            "PHASE_PREFIX", "EVENT_COLUMNS", "PHASE_COLUMNS"]
@@ -77,7 +77,7 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"trace file {p} does not exist; record one with "
-                                "perflab.profiling.profile() or torch.profiler's "
+                                "perflab.analysis.profiling.profile() or torch.profiler's "
                                 "export_chrome_trace")
     with open(p, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
@@ -191,7 +191,7 @@ class RankTrace:
     and ``end`` (float64 microseconds), ``stream`` and ``correlation`` (int64, -1 when
     absent), ``on_device``, ``kernel`` (a kernel, memcpy or memset), ``step`` (a
     ``ProfilerStep#N`` range) (bool). ``on_gpu``: the trace has device kernels. ``trace``:
-    the parsed file (for :func:`perflab.trace.phase_times`). ``path``: its file or None.
+    the parsed file (for :func:`perflab.analysis.trace.phase_times`). ``path``: its file or None.
     """
 
     rank: int
@@ -271,7 +271,7 @@ def load_ranks(source: TraceLike | Iterable[TraceLike] | Mapping[int, TraceLike]
     Args:
         source: a folder (every ``*.json`` / ``*.json.gz`` file in it, one per rank, as
             ``tensorboard_trace_handler`` or a DDP job writes them), one trace file, a
-            dict from :func:`perflab.trace.load_trace`, a list of these, a
+            dict from :func:`perflab.analysis.trace.load_trace`, a list of these, a
             ``{rank: file or dict}`` mapping, or the result of an earlier call.
 
     Returns:
@@ -281,7 +281,7 @@ def load_ranks(source: TraceLike | Iterable[TraceLike] | Mapping[int, TraceLike]
 
     Raises:
         ValueError: a folder with no trace files, an empty list, or two traces of one
-            rank. FileNotFoundError / ValueError: see :func:`perflab.trace.load_trace`.
+            rank. FileNotFoundError / ValueError: see :func:`perflab.analysis.trace.load_trace`.
     """
     if isinstance(source, Mapping) and source and all(
             isinstance(v, RankTrace) for v in source.values()):
@@ -319,7 +319,7 @@ def _read_all(items: list[tuple[int | None, Any]]) -> dict[int, RankTrace]:
         trace = s if isinstance(s, Mapping) else load_trace(s)
         if not isinstance(trace.get("traceEvents"), list):
             raise ValueError("trace dict has no 'traceEvents' list; pass the dict that "
-                             "perflab.trace.load_trace() returns")
+                             "perflab.analysis.trace.load_trace() returns")
         rank = _rank_of(trace, path, position) if rank is None else rank
         if rank in out:
             raise ValueError(f"two traces for rank {rank} ({out[rank].path or 'a dict'} "

@@ -8,7 +8,7 @@ events so the numbers agree with ``TraceAnalysis.get_temporal_breakdown``,
 this against values HTA 0.6.1 computed). Written here rather than imported because HTA
 pulls in JupyterLab, plotly and a multiprocess parser, raises on CPU-only traces, and is
 slower on small traces; ``benchmarks/trace_vs_hta.py`` times both. The traces are read
-and prepared as HTA prepares them by :func:`perflab.trace.load_ranks` (its module
+and prepared as HTA prepares them by :func:`perflab.analysis.trace.load_ranks` (its module
 docstring lists the rules); every function here accepts what ``load_ranks`` accepts.
 
 On CPU-only traces (no device events, where HTA raises) the temporal breakdown uses the
@@ -29,8 +29,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 
-from perflab.figures import InlineFigure
-from perflab.trace import RankTrace, load_ranks, phase_times
+from perflab.viz.figures import InlineFigure
+from perflab.analysis.trace import RankTrace, load_ranks, phase_times
 
 __all__ = ["temporal_breakdown", "comm_comp_overlap", "idle_time_breakdown",
            "phase_breakdown", "plot_breakdown", "TEMPORAL_COLUMNS", "OVERLAP_COLUMNS",
@@ -58,14 +58,14 @@ _NOT_COMPUTE = re.compile(
 # Host-side collective calls on CPU traces (torch.distributed's profiler ranges).
 _CPU_COMM = re.compile(r"^(c10d::|gloo:|nccl:|record_param_comms)")
 _CPU_ONLY = "CPU-only trace: analysed on cpu_op events"
-#: Bar colours of :func:`plot_breakdown` (Okabe-Ito, as perflab.plots).
+#: Bar colours of :func:`plot_breakdown` (Okabe-Ito, as perflab.viz.plots).
 _COLORS = {"compute": "#0072B2", "non_compute": "#E69F00", "idle": "#B0B0B0"}
 
 Ranks = Union[str, os.PathLike[str], Mapping[Any, Any], Iterable[Any]]
 
 
 def _load(source: Ranks) -> dict[int, RankTrace]:
-    # Imported here, not at the top, because perflab.trace re-exports this module.
+    # Imported here, not at the top, because perflab.analysis.trace re-exports this module.
     return load_ranks(source)
 
 
@@ -161,13 +161,13 @@ def temporal_breakdown(source: Ranks
     ``note`` says so. Shares ``*_pct`` are of ``span_us`` (percent, not rounded).
 
     Args:
-        source: anything :func:`perflab.trace.load_ranks` accepts.
+        source: anything :func:`perflab.analysis.trace.load_ranks` accepts.
 
     Returns:
         DataFrame indexed by ``rank`` with :data:`TEMPORAL_COLUMNS` (microseconds).
 
     Raises:
-        see :func:`perflab.trace.load_ranks`.
+        see :func:`perflab.analysis.trace.load_ranks`.
     """
     return _rows(_load(source), _temporal, TEMPORAL_COLUMNS)
 
@@ -203,7 +203,7 @@ def comm_comp_overlap(source: Ranks
         DataFrame indexed by ``rank`` with :data:`OVERLAP_COLUMNS` (microseconds, %).
 
     Raises:
-        see :func:`perflab.trace.load_ranks`.
+        see :func:`perflab.analysis.trace.load_ranks`.
     """
     return _rows(_load(source), _overlap, OVERLAP_COLUMNS)
 
@@ -257,7 +257,7 @@ def idle_time_breakdown(source: Ranks, *,
     event from another stream).
 
     Args:
-        source: anything :func:`perflab.trace.load_ranks` accepts.
+        source: anything :func:`perflab.analysis.trace.load_ranks` accepts.
         consecutive_kernel_delay_us: kernel-wait threshold, microseconds (HTA's
             ``consecutive_kernel_delay``, default 30 in the trace's unit, microseconds).
         by_stream: False: one row per rank, categories summed over streams; True: HTA's
@@ -271,7 +271,7 @@ def idle_time_breakdown(source: Ranks, *,
 
     Raises:
         ValueError: ``consecutive_kernel_delay_us`` negative or not a number (checked
-            first); see :func:`perflab.trace.load_ranks`.
+            first); see :func:`perflab.analysis.trace.load_ranks`.
     """
     if (isinstance(consecutive_kernel_delay_us, bool)
             or not isinstance(consecutive_kernel_delay_us, (int, float))
@@ -294,11 +294,11 @@ def phase_breakdown(source: Ranks) -> pd.DataFrame:
     Returns:
         DataFrame indexed by ``rank``, one column per phase (``data``, ``forward``,
         ``backward``, ``optimizer``, then others such as ``comm``): milliseconds per
-        profiled step (:func:`perflab.trace.phase_times`' ``per_step_ms``); NaN where a
+        profiled step (:func:`perflab.analysis.trace.phase_times`' ``per_step_ms``); NaN where a
         rank has no such range. Empty columns when no trace has perflab ranges.
 
     Raises:
-        see :func:`perflab.trace.load_ranks`.
+        see :func:`perflab.analysis.trace.load_ranks`.
     """
     ranks = _load(source)
     per_rank = {r: phase_times(rt.trace)["per_step_ms"] for r, rt in ranks.items()}

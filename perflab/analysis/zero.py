@@ -29,7 +29,7 @@ section 3.2) come on top. PyTorch implements stage 1 as
 (``ShardingStrategy.SHARD_GRAD_OP`` / ``FULL_SHARD``; FSDP2's ``fully_shard`` is stage 3).
 
 :func:`zero_vs_measured` sets these formulas beside the bytes measured per rank from the
-tensors themselves (:func:`perflab.sharding.state_bytes`, Lab 09), for the fp32 AdamW the
+tensors themselves (:func:`perflab.analysis.sharding.state_bytes`, Lab 09), for the fp32 AdamW the
 labs train: p = g = 4 bytes, K = 8 (momentum + variance, no master copy).
 """
 from __future__ import annotations
@@ -180,7 +180,7 @@ def zero_vs_measured(measured: dict[str, dict[str, int]], num_params: int, world
 
     Args:
         measured: method (a key of :data:`METHOD_STAGE`) -> ``{"params_bytes",
-            "grads_bytes", "optimizer_bytes"}`` as :func:`perflab.sharding.state_bytes`
+            "grads_bytes", "optimizer_bytes"}`` as :func:`perflab.analysis.sharding.state_bytes`
             returns them for one rank.
         num_params: Psi of the model trained.
         world_size: N_d of the run.

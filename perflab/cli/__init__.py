@@ -17,8 +17,8 @@ import sys
 import typing
 from pathlib import Path
 
-from perflab.results import add_cli as add_results_cli   # light: no torch at import
-from perflab.storage import StorageError
+from perflab.core.result_store import add_cli as add_results_cli   # light: no torch at import
+from perflab.core.storage import StorageError
 
 __all__ = ["main", "build_parser", "add_config_flags", "config_from_args", "parse_straggler",
            "run_ranks", "summary_table", "perflab_version", "version_text", "DDP_FIELDS"]
@@ -71,12 +71,12 @@ def _parse_str_or_int(text: str) -> str | int:
 
 
 def parse_straggler(text: str):
-    """``"RANK:DELAY_S[:WHERE]"`` -> :class:`perflab.stragglers.Straggler`.
+    """``"RANK:DELAY_S[:WHERE]"`` -> :class:`perflab.analysis.stragglers.Straggler`.
 
     Raises:
         ValueError: not of that form (the message shows an example).
     """
-    from perflab.straggler import Straggler
+    from perflab.core.simulated import Straggler
 
     parts = text.split(":")
     try:
@@ -107,8 +107,8 @@ def add_config_flags(parser: argparse.ArgumentParser, *, distributed: bool = Tru
     Returns:
         The data-parallel argument group (for more DDP-only flags), or None.
     """
-    from perflab.config import PRESETS, RunConfig
-    from perflab.link import LINK_PRESETS
+    from perflab.core.config import PRESETS, RunConfig
+    from perflab.core.simulated import LINK_PRESETS
 
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick",
                         help="start from a named preset (default: quick)")
@@ -157,8 +157,8 @@ def config_from_args(args: argparse.Namespace):
         ValueError: RunConfig's own validation, an unknown link preset, or a straggler
             not of the form ``RANK:DELAY_S[:WHERE]`` (each message names the fix).
     """
-    from perflab.config import RunConfig
-    from perflab.link import SimulatedLink
+    from perflab.core.config import RunConfig
+    from perflab.core.simulated import SimulatedLink
 
     names = {f.name for f in dataclasses.fields(RunConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
@@ -172,8 +172,9 @@ def config_from_args(args: argparse.Namespace):
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from perflab.env import env_summary, lab_capabilities
-    from perflab.roofline import measure_roofline
+    from perflab.core.env import env_summary
+    from perflab.labs.catalog import lab_capabilities
+    from perflab.analysis.roofline import measure_roofline
 
     print("perflab doctor\n")
     print(env_summary())
@@ -189,7 +190,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from perflab.dataset import EMBEDDED_NAME, build_dataset, default_data_root
+    from perflab.core.paths import EMBEDDED_NAME, default_data_root
+    from perflab.data.dataset import build_dataset
 
     manifest = build_dataset(args.root, force=args.force, progress=not args.quiet)
     path = Path(args.root).expanduser() if args.root else default_data_root()
@@ -246,8 +248,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.timeout_s is not None:
         raise ValueError("--timeout-s applies to data-parallel runs only; add --world-size N "
                          "(N >= 2) or leave it out")
-    from perflab.diagnosis import diagnose
-    from perflab.train import run
+    from perflab.analysis.diagnosis import diagnose
+    from perflab.experiment import run
 
     result = run(config, progress=not args.quiet, save=not args.no_save)
     print(result)
@@ -261,7 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from perflab.profiling import profile
+    from perflab.analysis.profiling import profile
 
     config = config_from_args(args)
     summary = profile(config, active=args.active, tensorboard=args.tensorboard,
@@ -271,7 +273,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_labs(args: argparse.Namespace) -> int:
-    from perflab.labs_index import lab_map, lab_times_path
+    from perflab.labs.catalog import lab_map, lab_times_path
 
     table = lab_map(start_here=True)
     width = max(len(t) for t in table.title)
@@ -316,8 +318,8 @@ LADDER_COLUMNS = ["rung", "move", "status", "batch_size", "step_time_ms", "sampl
 def cmd_ladder(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from perflab.ladder import climb, resume_climb
-    from perflab.ladder_rungs import RUNGS, naive_config
+    from perflab.ladder.search import climb, resume_climb
+    from perflab.ladder.rungs import RUNGS, naive_config
 
     try:
         if args.resume is not None:
@@ -523,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         # Everything measured before Ctrl-C was saved as it was measured; say where.
-        from perflab.result import default_results_dir
+        from perflab.core.paths import default_results_dir
 
         print(f"\nperflab {args.command}: interrupted; results measured so far are in "
               f"{default_results_dir()} (list them with `perflab results`)", file=sys.stderr)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import torch
 
-from perflab.link import SimulatedLink
-from perflab.straggler import Straggler
+from perflab.core.simulated import SimulatedLink
+from perflab.core.simulated import Straggler
 
 __all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES", "CACHE_MODES",
            "COMM_HOOKS"]
@@ -144,13 +144,13 @@ class RunConfig:
 
     decoded_cache: Literal["off", "memory", "mmap"] = "off"
     """Decode every training image once into a uint8 (N, 3, S, S) cache (S =
-    :func:`perflab.cache.stored_size`) and apply the augmentations batched in torch on
+    :func:`perflab.data.cache.stored_size`) and apply the augmentations batched in torch on
     the device: "memory" (a process-wide array), "mmap" (a memory-mapped file under the
     data root, reused across runs), or "off" (decode each sample every epoch)."""
 
     device_prefetch: bool = False
     """Copy the next batch to the device on a side CUDA stream while the model works
-    (:class:`perflab.loading.DevicePrefetcher`); on a CPU a plain pass-through."""
+    (:class:`perflab.data.prefetch.DevicePrefetcher`); on a CPU a plain pass-through."""
 
     compute_only: bool = False
     """The compute-only bound: load one batch, keep it on the device and reuse it every
@@ -180,12 +180,12 @@ class RunConfig:
     gradients are allreduced once per step."""
 
     link: SimulatedLink | None = None
-    """SIMULATED interconnect for the DDP allreduce (:class:`perflab.link.SimulatedLink`,
+    """SIMULATED interconnect for the DDP allreduce (:class:`perflab.core.simulated.SimulatedLink`,
     e.g. ``SimulatedLink.preset("1gbe")``); None = the real backend as is. Shown as
     "simulated link ..." in labels."""
 
     straggler: Straggler | None = None
-    """A delay injected on one rank (:class:`perflab.straggler.Straggler`); None = off.
+    """A delay injected on one rank (:class:`perflab.core.simulated.Straggler`); None = off.
     Shown as "straggler rank ..." in labels."""
 
     # ------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The one table of the 16-bit float formats perflab names by short name.
 
 ``"bf16"`` / ``"fp16"`` mean the same dtype everywhere: autocast's dtype
-(``RunConfig.amp``, :data:`perflab.step.AMP_DTYPES`), the gradient compression of a DDP
-communication hook (``RunConfig.comm_hook``, :data:`perflab.link.COMPRESSIONS`) and the
-peak FLOP/s a run is compared with (:mod:`perflab.flops`).
+(``RunConfig.amp``, :data:`perflab.train.step.AMP_DTYPES`), the gradient compression of a DDP
+communication hook (``RunConfig.comm_hook``, :data:`perflab.distributed.link_hook.COMPRESSIONS`) and the
+peak FLOP/s a run is compared with (:mod:`perflab.analysis.flops`).
 """
 from __future__ import annotations
 

@@ -11,16 +11,13 @@ import platform
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from perflab.config import resolve_device
-from perflab.dataset import EMBEDDED_NAME, dataset_fingerprint, default_data_root
-from perflab.labs_index import LABS
-from perflab.result import source_checkout_root
+from perflab.core.config import resolve_device
+from perflab.core.paths import EMBEDDED_NAME, dataset_fingerprint, default_data_root
 
-__all__ = ["EnvSummary", "env_summary", "cpu_flags", "bf16_support", "lab_capabilities"]
+__all__ = ["EnvSummary", "env_summary", "cpu_flags", "bf16_support"]
 
 
 def cpu_flags() -> set[str]:
@@ -132,53 +129,3 @@ def _cpuinfo_lines() -> list[str]:
         return []
 
 
-def lab_capabilities(device: str = "auto", roofline: Any = None) -> list[dict[str, str]]:
-    """One row per lab: whether it ships in this checkout and what this machine can show.
-
-    Args:
-        device: a ``RunConfig.device`` value.
-        roofline: a measured :class:`perflab.roofline.Roofline` of ``device`` (what
-            ``perflab doctor`` passes): Lab 03's row then says, from the measurement,
-            whether bf16 is faster here, with :func:`bf16_support`'s flags as context.
-            None: the row gives the flags only and concludes nothing about speed.
-
-    Returns:
-        dicts with keys ``lab``, ``status`` ("ready", or "no notebook here" in a wheel install without the checkout) and ``note``.
-    """
-    import shutil
-
-    import torch.distributed as dist
-
-
-    dev = resolve_device(device)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    bf16, why = bf16_support(dev)
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    notes = {
-        "01": f"phase timing on {dev}" + (" with CUDA events" if dev.type == "cuda" else ""),
-        "02": f"worker sweep 0..{cores} on {cores} core(s); device prefetch "
-              + ("on a side CUDA stream" if dev.type == "cuda" else "is a pass-through here"),
-        "03": (f"{roofline.explain('bf16')} (flags: {why})" if roofline is not None
-               else f"bf16 speed not measured (flags: {why}; `perflab doctor` measures it)")
-              + "; fp16 + GradScaler " + ("available" if dev.type == "cuda" else "needs CUDA"),
-        "04": "peak memory from " + ("the CUDA allocator" if dev.type == "cuda"
-                                     else "process RSS (CPU)"),
-        "05": f"inductor C++ compiler: {cxx or 'missing (install g++)'}",
-        "06": "backends: " + ", ".join(b for b, ok in (("gloo", dist.is_gloo_available()),
-                                                          ("nccl", dist.is_nccl_available()
-                                                           and dev.type == "cuda")) if ok),
-        "07": f"simulated stragglers across {cores} core(s)",
-        "08": "MFU against the peak of the run's dtype: " + (
-            "the datasheet's" if dev.type == "cuda" else "this CPU's measured matmul rate"),
-        "09": f"FSDP2 / ZeRO-1 on gloo; scaling to 4 ranks on {cores} core(s)"
-              + (" (oversubscribed beyond that)" if cores < 4 else ""),
-    }
-    root = source_checkout_root()
-    rows = []
-    for lab in LABS:
-        ready = bool(root and (root / "labs" / lab.notebook).is_file())
-        # a wheel install has the library but not the notebooks (they ship in the checkout)
-        rows.append({"lab": f"{lab.number} {lab.title}",
-                     "status": "ready" if ready else "no notebook here",
-                     "note": notes[lab.number]})
-    return rows

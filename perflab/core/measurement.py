@@ -2,7 +2,7 @@
 
 Modelled on ``torch.utils.benchmark``'s split between timer, ``Measurement`` and
 ``Compare``: this module holds what was measured and how to compare it, never a clock
-(clocks live in :mod:`perflab.timing`). Statistics come from scipy (distribution-free
+(clocks live in :mod:`perflab.core.timing`). Statistics come from scipy (distribution-free
 median CI, Mann-Whitney U, bootstrap) rather than hand-written estimators.
 """
 from __future__ import annotations

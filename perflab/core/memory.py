@@ -18,7 +18,7 @@ What the memory is made of (Lab 04), all deterministic, on every device:
 * :func:`tensor_peak_bytes`: the peak of tensor bytes during a call (CUDA allocator, or
   torch.profiler's memory events on CPU).
 
-The formulas they are compared with are in :mod:`perflab.memory_parts`.
+The formulas they are compared with are in :mod:`perflab.analysis.memory_parts`.
 """
 from __future__ import annotations
 

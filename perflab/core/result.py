@@ -6,7 +6,6 @@ A kernel restart, a crashed widget or a later session can reload any result with
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -14,30 +13,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from perflab.config import RunConfig
-from perflab.measurement import Measurement
-from perflab.memory import PeakMemory
-from perflab.storage import write_new_json
+from perflab.core.config import RunConfig
+from perflab.core.measurement import Measurement
+from perflab.core.memory import PeakMemory
+from perflab.core.paths import default_results_dir
+from perflab.core.storage import write_new_json
 
-__all__ = ["RunResult", "PHASES", "default_results_dir", "source_checkout_root"]
+__all__ = ["RunResult", "PHASES"]
 
 #: The phases of a training step, in order. "other" is step time not inside any phase.
 PHASES = ("data", "forward", "backward", "optimizer")
 SCHEMA_VERSION = 1
-
-
-def source_checkout_root() -> Path | None:
-    """The project folder when perflab is imported from a source checkout, else None."""
-    root = Path(__file__).resolve().parent.parent
-    return root if (root / "pyproject.toml").is_file() else None
-
-
-def default_results_dir() -> Path:
-    """``$PERFLAB_RESULTS``, else ``<checkout>/results``, else ``./results``."""
-    if os.environ.get("PERFLAB_RESULTS"):
-        return Path(os.environ["PERFLAB_RESULTS"])
-    root = source_checkout_root()
-    return (root if root else Path.cwd()) / "results"
 
 
 @dataclass(frozen=True)
@@ -163,7 +149,7 @@ class RunResult:
         returns a copy with ``path`` set.
 
         Raises:
-            perflab.storage.StorageError: the folder is not writable or the disk is full;
+            perflab.core.storage.StorageError: the folder is not writable or the disk is full;
                 nothing (not even an empty file) is left, and this result is still in
                 memory: save it elsewhere with ``result.save("other/folder")``.
         """

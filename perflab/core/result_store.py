@@ -1,10 +1,11 @@
-"""``perflab.results``: list, load, compare and re-plot the results already saved.
+"""``perflab.core.result_store``: list, load, compare and re-plot the results already saved.
 
 Every :func:`perflab.run` (and every round, sweep point, rank and ladder rung) writes a
 ``RunResult`` JSON under the results folder the moment it is measured; this module
 reads them back, so a kernel restart or a closed terminal loses nothing::
 
-    from perflab import list_results, load_results, compare_results, plot_results
+    from perflab import list_results, load_results, compare_results
+    from perflab.viz.plots import plot_results
     list_results()                                 # a table, newest last
     a, b = load_results(["results/...-a.json", "results/...-b.json"])
     compare_results([a, b])                        # step-time table with 95 % CIs
@@ -23,14 +24,14 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
-    from perflab.config import RunConfig
-    from perflab.result import RunResult
+    from perflab.core.config import RunConfig
+    from perflab.core.result import RunResult
 
 # torch, pandas and matplotlib are imported inside the functions that use them: the CLI
 # builds its parser (add_cli) for every command, `perflab --version` included, and must
 # start in well under a second.
 
-__all__ = ["list_results", "load_results", "find_saved", "compare_results", "plot_results",
+__all__ = ["list_results", "load_results", "find_saved", "compare_results", "as_results",
            "RESULT_COLUMNS"]
 
 #: Columns of :func:`list_results`.
@@ -45,7 +46,7 @@ _NOT_RESULTS = ("traces", "panels", "ladder.json", "lab_times.json")
 
 def _json_files(where: str | Path | Sequence[str | Path] | None) -> list[Path]:
     """The result files named by ``where`` (folders are searched recursively)."""
-    from perflab.result import default_results_dir
+    from perflab.core.paths import default_results_dir
 
     if where is None:
         where = [default_results_dir()]
@@ -68,7 +69,7 @@ def _json_files(where: str | Path | Sequence[str | Path] | None) -> list[Path]:
 def _read(path: Path) -> "RunResult | str | None":
     """The result in ``path``; why it is not one when it looks like one (a RunResult's
     keys); None for other JSON (silently not a result)."""
-    from perflab.result import RunResult
+    from perflab.core.result import RunResult
 
     try:
         d = json.loads(path.read_text())
@@ -147,7 +148,7 @@ def find_saved(config: "RunConfig", where: str | Path | None = None, *,
         device: only results measured on this device (``env["device"]``, e.g. "cpu");
             None -> ``str(config.resolved_device())``.
     """
-    from perflab.result import default_results_dir
+    from perflab.core.paths import default_results_dir
 
     folder = Path(where) if where is not None else default_results_dir()
     if not folder.is_dir():
@@ -167,8 +168,13 @@ def find_saved(config: "RunConfig", where: str | Path | None = None, *,
     return None
 
 
-def _results(items: Sequence["RunResult | str | Path"]) -> "list[RunResult]":
-    from perflab.result import RunResult
+def as_results(items: Sequence["RunResult | str | Path"]) -> "list[RunResult]":
+    """RunResults as given, and the results saved at each path (a file or a folder).
+
+    Raises:
+        ValueError: nothing given, or nothing saved at the paths.
+    """
+    from perflab.core.result import RunResult
 
     out = []
     for it in items:
@@ -185,17 +191,10 @@ def compare_results(items: Sequence["RunResult | str | Path"], *,
     Raises:
         ValueError: no results, or one with fewer than 2 measured steps.
     """
-    from perflab.measurement import compare_table
+    from perflab.core.measurement import compare_table
 
-    results = _results(items)
+    results = as_results(items)
     return compare_table([r.step.relabel(r.label) for r in results], baseline=baseline)
-
-
-def plot_results(items: Sequence["RunResult | str | Path"], title: str | None = None):
-    """The labs' before/after figure (:func:`perflab.plot_comparison`) of saved results."""
-    from perflab.plots import plot_comparison
-
-    return plot_comparison(_results(items), title=title)
 
 
 # -- command line: `perflab results ...` ----------------------------------------------------
@@ -213,7 +212,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 def cmd_results(args: argparse.Namespace) -> int:
     """Run ``perflab results``; returns the exit status."""
-    from perflab.result import default_results_dir
+    from perflab.core.paths import default_results_dir
 
     paths = args.paths or None
     if args.action == "list":

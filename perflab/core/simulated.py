@@ -1,14 +1,29 @@
-"""The straggler a :class:`~perflab.config.RunConfig` injects: which rank, how much, where.
+"""What a :class:`~perflab.core.config.RunConfig` can simulate: a network link and a straggler.
 
-A spec only (core layer): the training step sleeps it (:func:`perflab.step.train_step`),
-:mod:`perflab.stragglers` predicts and measures its cost and detects it.
+Specs and pure models only (core layer, no torch.distributed):
+
+* :class:`SimulatedLink`: a modelled network link. On a 2-core CPU, gloo's loopback
+  allreduce shares the cores with compute, so no overlap of communication with
+  computation can be seen; a SimulatedLink models a link with the alpha-beta
+  (latency-bandwidth) model of a message's time, ``T(n) = alpha + n / beta`` (Hockney
+  1994, "The communication challenge for MPP"), and :class:`LinkModel` schedules DDP's
+  buckets on it. The DDP communication hook that applies it is
+  :mod:`perflab.distributed.link_hook`. Every table and plot names it as "simulated link:
+  alpha=..., beta=...".
+* :class:`Straggler`: a delay injected on one rank: which rank, how much, where. The
+  training step sleeps it (:func:`perflab.train.step.train_step`);
+  :mod:`perflab.analysis.stragglers` predicts and measures its cost and detects it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Straggler", "STRAGGLER_WHERE"]
+from perflab.core.timing import Clock, PerfCounterClock
+
+__all__ = ["Straggler", "STRAGGLER_WHERE", "SimulatedLink", "LINK_PRESETS", "LinkModel",
+           "BucketRecord", "ring_allreduce_wire_bytes"]
 
 #: Where in the step the delay is slept: before the forward pass, between forward and
 #: backward, or while loading the batch (inside the data phase).
@@ -61,3 +76,156 @@ class Straggler:
 
     def __str__(self) -> str:
         return self.describe()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedLink:
+    """A modelled point-to-point link: latency ``alpha_s`` and bandwidth ``beta``.
+
+    Attributes:
+        name: short name shown in labels ("1gbe", "custom", ...).
+        alpha_s: per-message latency, seconds (>= 0).
+        beta_bytes_per_s: bandwidth, bytes per second (> 0).
+
+    Raises:
+        ValueError: a negative alpha, a non-positive beta or an empty name.
+    """
+
+    name: str = "custom"
+    alpha_s: float
+    beta_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"SimulatedLink.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.alpha_s, (int, float)) or self.alpha_s < 0:
+            raise ValueError(f"SimulatedLink.alpha_s must be >= 0 seconds, got {self.alpha_s!r}")
+        if not isinstance(self.beta_bytes_per_s, (int, float)) or self.beta_bytes_per_s <= 0:
+            raise ValueError("SimulatedLink.beta_bytes_per_s must be > 0 bytes/s, got "
+                             f"{self.beta_bytes_per_s!r}")
+
+    @classmethod
+    def preset(cls, name: str) -> "SimulatedLink":
+        """One of :data:`LINK_PRESETS` by name.
+
+        Raises:
+            ValueError: unknown name (the message lists the presets).
+        """
+        if name not in LINK_PRESETS:
+            raise ValueError(f"unknown link preset {name!r}; choose one of "
+                             f"{sorted(LINK_PRESETS)} or build SimulatedLink(alpha_s=..., "
+                             "beta_bytes_per_s=...)")
+        return LINK_PRESETS[name]
+
+    def message_time_s(self, nbytes: int) -> float:
+        """Modelled time of one message of ``nbytes`` bytes: alpha + n / beta (seconds)."""
+        return self.alpha_s + nbytes / self.beta_bytes_per_s
+
+    def describe(self) -> str:
+        """``"simulated link 1gbe: alpha=50 us, beta=0.125 GB/s"``."""
+        return (f"simulated link {self.name}: alpha={self.alpha_s * 1e6:g} us, "
+                f"beta={self.beta_bytes_per_s / 1e9:g} GB/s")
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+#: Link classes a course meets. Bandwidths are the nominal line rates per direction
+#: (NVLink 4: 450 GB/s per direction per GPU, NVIDIA H100 datasheet; InfiniBand NDR/HDR
+#: 100 Gb/s; Ethernet 10 and 1 Gb/s). The latencies are typical small-message
+#: figures (order of magnitude), not measurements of any particular machine.
+LINK_PRESETS: dict[str, SimulatedLink] = {
+    "nvlink": SimulatedLink(name="nvlink", alpha_s=3e-6, beta_bytes_per_s=450e9),
+    "ib100": SimulatedLink(name="ib100", alpha_s=5e-6, beta_bytes_per_s=100e9 / 8),
+    "10gbe": SimulatedLink(name="10gbe", alpha_s=20e-6, beta_bytes_per_s=10e9 / 8),
+    "1gbe": SimulatedLink(name="1gbe", alpha_s=50e-6, beta_bytes_per_s=1e9 / 8),
+}
+
+
+# -- the timing model (pure; no clock of its own, no torch.distributed) ---------------
+def ring_allreduce_wire_bytes(nbytes: float, world_size: int) -> float:
+    """Bytes each rank sends in a ring allreduce of an ``nbytes`` message: 2(p-1)/p * n.
+
+    A ring allreduce is a reduce-scatter then an all-gather, each p-1 steps of n/p bytes
+    (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
+    workstations"; nccl-tests doc/PERFORMANCE.md, "Bus bandwidth"). For p = 2 the factor
+    is exactly 1, so on this course's 2-rank runs wire bytes = message bytes.
+
+    Raises:
+        ValueError: ``nbytes < 0`` or ``world_size < 1``.
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1 (ranks), got {world_size!r}")
+    if not isinstance(nbytes, (int, float)) or nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0 bytes, got {nbytes!r}")
+    return nbytes * 2 * (world_size - 1) / world_size
+
+
+@dataclass(frozen=True)
+class BucketRecord:
+    """One bucket on the simulated link during the current step.
+
+    Attributes:
+        index: DDP's bucket index (``GradBucket.index()``; 0 is the LAST layers' bucket,
+            the first one ready in backward).
+        nbytes: bytes of the message actually allreduced (after compression).
+        start_s: clock time the bucket reached the link (seconds, the model's clock).
+        done_s: modelled completion time: ``max(start_s, link_free) + duration``.
+    """
+
+    index: int
+    nbytes: int
+    start_s: float
+    done_s: float
+
+
+class LinkModel:
+    """The alpha-beta model of a link SHARED by DDP's buckets, which use it in order.
+
+    For a message of ``n`` bytes (the allreduced tensor's size on each rank) handed to
+    the link at time ``now``::
+
+        duration = alpha + wire_bytes(n) / beta,  wire_bytes(n) = 2(p-1)/p * n
+        done     = max(now, link_free) + duration;  link_free = done
+
+    ``alpha`` is charged once per allreduce (a per-collective latency; a ring really
+    pays 2(p-1) hops of latency, folded into alpha here) and ``beta`` is the link's
+    bandwidth, so a fit of ``T = alpha + n / beta_alg`` over message sizes recovers
+    ``alpha`` and ``beta_alg = beta * p / (2(p-1))`` (= beta for p = 2); nccl-tests'
+    bus bandwidth ``busbw = algbw * 2(p-1)/p`` undoes the factor
+    (:func:`perflab.analysis.collectives.bus_bandwidth`). Hockney (1994) for alpha-beta.
+
+    Args:
+        link: the :class:`SimulatedLink` (alpha_s, beta_bytes_per_s).
+        world_size: ranks in the allreduce (>= 1); sets the ring factor.
+        clock: an object with ``now() -> seconds`` (``perflab.core.timing.PerfCounterClock``
+            by default, ``FakeClock`` in tests).
+
+    Raises:
+        ValueError: ``link`` is not a SimulatedLink, or a bad ``world_size``.
+    """
+
+    def __init__(self, link: SimulatedLink, *, world_size: int = 2,
+                 clock: Clock | None = None):
+        if not isinstance(link, SimulatedLink):
+            raise ValueError(f"link must be a SimulatedLink (e.g. SimulatedLink.preset("
+                             f"'1gbe')), got {link!r}")
+        ring_allreduce_wire_bytes(0, world_size)  # validates world_size
+        self.link, self.world_size = link, world_size
+        self.clock: Clock = clock if clock is not None else PerfCounterClock()
+        self.link_free_s = -math.inf
+
+    def duration_s(self, nbytes: float) -> float:
+        """Seconds the link is busy with one allreduce of ``nbytes`` (no queueing)."""
+        return self.link.message_time_s(ring_allreduce_wire_bytes(nbytes, self.world_size))
+
+    def schedule(self, nbytes: float) -> tuple[float, float]:
+        """Hand a message to the link now; returns ``(now_s, done_s)`` and books the link."""
+        now = self.clock.now()
+        done = max(now, self.link_free_s) + self.duration_s(nbytes)
+        self.link_free_s = done
+        return now, done
+
+    def reset(self) -> None:
+        """Forget the link's queue (start of a step)."""
+        self.link_free_s = -math.inf

@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Protocol
 
 import torch
 
-from perflab.measurement import Measurement
+from perflab.core.measurement import Measurement
 
 __all__ = [
     "Clock",
@@ -159,7 +159,7 @@ def measure(
         number: calls per timed sample (>= 1).
 
     Returns:
-        A :class:`~perflab.measurement.Measurement` of per-call seconds.
+        A :class:`~perflab.core.measurement.Measurement` of per-call seconds.
 
     Raises:
         ValueError: ``fn`` not callable, ``warmup`` not an int >= 0, ``repeats`` not an

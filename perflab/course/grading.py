@@ -200,7 +200,7 @@ def _env(scratch: Path, fd: int, threads: int | None) -> dict[str, str]:
     for k in ("PERFLAB_PRESET", "CUDA_VISIBLE_DEVICES"):
         if k in os.environ:
             env[k] = os.environ[k]
-    from perflab.dataset import default_data_root
+    from perflab.core.paths import default_data_root
 
     env["PERFLAB_DATA"] = str(default_data_root().resolve())  # HOME differs in the sandbox
     if threads:

@@ -5,7 +5,7 @@ call and teardown time of each notebook's cells and prints the totals in the ter
 summary, so CI shows what each lab costs against the course's time budget.
 
 At the end of the session the totals of lab notebooks (``NN_*.ipynb``) are also merged
-into ``lab_times.json`` in the results folder (:func:`perflab.labs_index.lab_times_path`)
+into ``lab_times.json`` in the results folder (:func:`perflab.labs.catalog.lab_times_path`)
 with the date, preset and machine, written atomically; ``labs/00_start_here.ipynb`` and
 ``perflab labs`` show them. A lab not run in this session keeps its earlier entry. A
 session that ran its tests in several pytest-xdist workers (``make test``) prints the
@@ -50,7 +50,7 @@ def pytest_runtest_logreport(report) -> None:
 
 def machine_summary() -> str:
     """``"Intel(R) Xeon(R) ... (cpu, 2 cores), torch 2.13.0+cpu"``: where times were taken."""
-    from perflab.env import env_summary
+    from perflab.core.env import env_summary
 
     env = env_summary()
     return (f"{env.device_name} ({env.device}, {env.cpu_cores} cores), "
@@ -76,7 +76,7 @@ def write_lab_times(seconds: dict[str, float], failed: dict[str, int],
     Returns:
         ``path``, or None when no lab notebook ran (nothing written).
     """
-    from perflab.labs_index import LAB_TIMES_FORMAT, read_lab_times
+    from perflab.labs.catalog import LAB_TIMES_FORMAT, read_lab_times
 
     stamp = (now or datetime.now(timezone.utc)).isoformat(timespec="seconds")
     new = {}
@@ -120,7 +120,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         return
     import torch
 
-    from perflab.labs_index import lab_times_path
+    from perflab.labs.catalog import lab_times_path
 
     preset = os.environ.get("PERFLAB_PRESET") or (
         "full" if torch.cuda.is_available() else "quick")

@@ -86,7 +86,7 @@ class SandboxRun:
 def _needed() -> list[Path]:
     """Folders the notebook must read: the interpreter, the venv, perflab, the data."""
     import perflab
-    from perflab.dataset import default_data_root
+    from perflab.core.paths import default_data_root
 
     out = [Path(sys.base_prefix), Path(sys.prefix), Path(perflab.__file__).parents[1],
            default_data_root()]

@@ -1,8 +1,8 @@
 """The training augmentation on whole batches, on the device.
 
-:class:`perflab.data.TrainTransform` crops, flips and normalises one PIL image at a
+:class:`perflab.data.loader.TrainTransform` crops, flips and normalises one PIL image at a
 time on the host. For batches that are already decoded (a uint8 ``(B, 3, H, W)``
-tensor from :mod:`perflab.cache`), the same augmentation runs as a few tensor ops for
+tensor from :mod:`perflab.data.cache`), the same augmentation runs as a few tensor ops for
 the whole batch, on whatever device holds it: random boxes drawn vectorised on the CPU
 (:func:`crop_boxes`), then one ``F.grid_sample`` that crops, resizes and flips every
 image at once (:func:`resized_crop_batch`), the approach of
@@ -37,7 +37,7 @@ def crop_boxes(n: int, height: int, width: int, *,
                generator: torch.Generator | None = None) -> torch.Tensor:
     """``n`` RandomResizedCrop boxes, vectorised: int64 ``(n, 4)`` of (top, left, h, w).
 
-    The algorithm of :func:`perflab.data.random_resized_crop` (torchvision's): 10 tries
+    The algorithm of :func:`perflab.data.loader.random_resized_crop` (torchvision's): 10 tries
     per sample of an area fraction from ``scale`` and a log-uniform aspect ratio from
     ``ratio``; the first try that fits wins, else a centre crop with the ratio clamped.
     Drawn on the CPU from ``generator`` (or torch's global RNG).
@@ -107,7 +107,7 @@ def random_resized_crop_batch(images: torch.Tensor, size: int, *,
                               scale: tuple[float, float] = (0.08, 1.0),
                               ratio: tuple[float, float] = (3 / 4, 4 / 3),
                               flip_p: float = 0.5) -> torch.Tensor:
-    """The training augmentation of :class:`perflab.data.TrainTransform`, batched.
+    """The training augmentation of :class:`perflab.data.loader.TrainTransform`, batched.
 
     RandomResizedCrop (:func:`crop_boxes`), horizontal flip with probability ``flip_p``
     and normalisation, for a whole uint8 ``(B, 3, H, W)`` batch on any device; random

@@ -5,7 +5,7 @@ fix the fastest training scripts use (airbench keeps CIFAR-10 decoded on the GPU
 and FFCV decode once into a compact format) is: decode every image **once** into a
 uint8 array ``(N, 3, S, S)`` at a stored side ``S`` a little larger than the crop
 (:func:`stored_size`, 1.25 x), then run the random augmentation on whole batches with
-tensor ops on the device (:func:`perflab.augment.random_resized_crop_batch`,
+tensor ops on the device (:func:`perflab.data.augment.random_resized_crop_batch`,
 re-exported here). A loader then only
 gathers rows of the array; the host never decodes again.
 
@@ -32,9 +32,9 @@ import torch
 from torch.utils.data import Dataset
 from PIL import Image
 
-from perflab.dataset import default_data_root
-from perflab.storage import FileLock, require_free_bytes, write_atomic
-from perflab.timing import Stopwatch
+from perflab.core.paths import default_data_root
+from perflab.core.storage import FileLock, require_free_bytes, write_atomic
+from perflab.core.timing import Stopwatch
 
 
 __all__ = ["STORED_SCALE", "stored_size", "decode_stored", "DecodedCache", "get_cache",

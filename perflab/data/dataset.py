@@ -34,12 +34,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from perflab.storage import FileLock, require_free_bytes
+from perflab.core.paths import EMBEDDED_NAME, default_data_root, read_manifest
+from perflab.core.storage import FileLock, require_free_bytes
 
-__all__ = ["EMBEDDED_NAME", "CLASSES", "SOURCES", "default_data_root", "build_dataset",
-           "ensure_dataset", "dataset_fingerprint"]
+__all__ = ["CLASSES", "SOURCES", "build_dataset", "ensure_dataset"]
 
-EMBEDDED_NAME = "photo-patches"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 CROP_SCALE = (0.35, 1.0)  # crop side as a fraction of the source's short side
@@ -69,19 +68,6 @@ SOURCES: dict[str, tuple[str, str]] = {
 }
 #: The dataset's class names, sorted (the label of class i is ``CLASSES[i]``).
 CLASSES: tuple[str, ...] = tuple(sorted(SOURCES))
-
-
-def default_data_root() -> Path:
-    """Where datasets live: ``$PERFLAB_DATA``; else ``<repo>/data`` in a source checkout;
-    else ``~/.cache/perflab/data``."""
-    env = os.environ.get("PERFLAB_DATA")
-    if env:
-        return Path(env).expanduser()
-    repo = Path(__file__).resolve().parent.parent
-    pyproject = repo / "pyproject.toml"
-    if pyproject.is_file() and 'name = "perflab"' in pyproject.read_text(errors="replace"):
-        return repo / "data"
-    return Path.home() / ".cache" / "perflab" / "data"
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,13 +119,6 @@ def _expected_files(path: Path, counts: dict[str, dict[str, int]]) -> list[Path]
             for i in range(n)]
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
@@ -184,7 +163,7 @@ def build_dataset(root: str | os.PathLike[str] | None = None, *, seed: int = 0,
               "val": dict.fromkeys(CLASSES, val_per_class)}
 
     def complete() -> dict[str, Any] | None:
-        old = _read_manifest(final)
+        old = read_manifest(final)
         if (old is not None and old.get("params") == params
                 and all(f.is_file() for f in _expected_files(final, counts))):
             return old
@@ -297,9 +276,3 @@ def ensure_dataset(root: str | os.PathLike[str] | None = None, *,
     return root / EMBEDDED_NAME
 
 
-def dataset_fingerprint(path: str | os.PathLike[str]) -> str | None:
-    """First 16 hex characters of the dataset's SHA-256 (from ``path/manifest.json``);
-    None when there is no readable manifest (e.g. your own ImageFolder)."""
-    manifest = _read_manifest(Path(path).expanduser())
-    sha = manifest.get("sha256") if isinstance(manifest, dict) else None
-    return sha[:16] if isinstance(sha, str) else None

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .augment import fallback_crop_size
-from .config import RunConfig
-from .dataset import EMBEDDED_NAME, ensure_dataset
+from perflab.core.config import RunConfig
+from perflab.core.paths import EMBEDDED_NAME
+from perflab.data.augment import fallback_crop_size
+from perflab.data.dataset import ensure_dataset
+
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "random_resized_crop",
            "center_crop_resize", "to_tensor", "normalize", "TrainTransform",
            "EvalTransform", "ImageFolderDataset", "make_loader", "infinite_batches"]
@@ -266,15 +268,15 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
     augmentations differ per worker and per epoch (persistent workers keep their
     streams going) and repeat exactly for the same ``config.seed`` and worker count;
     no ``worker_init_fn`` is needed. With num_workers=0, augmentation draws from torch's
-    global RNG (seeded by :func:`perflab.step.build_training`). Other splits: eval
+    global RNG (seeded by :func:`perflab.train.step.build_training`). Other splits: eval
     transform, fixed order. ``storage_latency_ms``
     adds the simulated per-file read latency.
 
     With ``config.decoded_cache`` != "off" (train split), batches are the cached
     decoded but *not yet augmented* images instead: (uint8 ``(B, 3, S', S')``, int64
-    ``(B,)``) with S' = :func:`perflab.cache.stored_size` (``image_size`` x 1.25); the
-    augmentation runs batched on the device (:class:`perflab.loading.BatchStream`
-    applies it). The cache is built on first use (see :func:`perflab.cache.get_cache`).
+    ``(B,)``) with S' = :func:`perflab.data.cache.stored_size` (``image_size`` x 1.25); the
+    augmentation runs batched on the device (:class:`perflab.data.prefetch.BatchStream`
+    applies it). The cache is built on first use (see :func:`perflab.data.cache.get_cache`).
 
     Raises:
         FileNotFoundError, ValueError: see :class:`ImageFolderDataset`.
@@ -303,7 +305,7 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
     if config.prefetch_factor is not None:
         kwargs["prefetch_factor"] = config.prefetch_factor
     if train and config.decoded_cache != "off":
-        from perflab.cache import cached_batches  # the cache imports this module
+        from perflab.data.cache import cached_batches  # the cache imports this module
 
         batches = cached_batches(dataset, config.image_size, config.decoded_cache)
         # batch_size=None: the sampler yields whole index batches; one gather per batch.

@@ -1,6 +1,6 @@
 """From a DataLoader to device-ready batches: copy, prefetch, augment, or reuse one batch.
 
-:class:`BatchStream` is what :func:`perflab.train.run` draws from in its ``data``
+:class:`BatchStream` is what :func:`perflab.experiment.run` draws from in its ``data``
 phase, so everything here is measured like any other phase:
 
 * the host-to-device copy (``non_blocking`` when the batches are pinned);
@@ -8,7 +8,7 @@ phase, so everything here is measured like any other phase:
   side stream while the model works on the current one, the pattern of NVIDIA's
   ImageNet example ("data_prefetcher") and of PyTorch's CUDA-streams notes; on a CPU
   there is nothing to overlap and it is a plain pass-through;
-* the batched, on-device augmentation of decoded-cache batches (:mod:`perflab.cache`);
+* the batched, on-device augmentation of decoded-cache batches (:mod:`perflab.data.cache`);
 * ``compute_only``: one batch is loaded, kept on the device and returned every step.
   Training on it measures the **compute-only bound**: the throughput the same model,
   batch and device reach when loading costs nothing;
@@ -22,12 +22,12 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from perflab.augment import random_resized_crop_batch
-from perflab.config import RunConfig
-from perflab.data import infinite_batches, make_loader
-from perflab.measurement import compare
-from perflab.result import RunResult
-from perflab.timing import Stopwatch
+from perflab.data.augment import random_resized_crop_batch
+from perflab.core.config import RunConfig
+from perflab.data.loader import infinite_batches, make_loader
+from perflab.core.measurement import compare
+from perflab.core.result import RunResult
+from perflab.core.timing import Stopwatch
 
 __all__ = ["DevicePrefetcher", "BatchStream", "Efficiency", "pipeline_efficiency",
            "FirstBatch", "time_first_batch", "LOADER_FIELDS"]
@@ -123,7 +123,7 @@ class BatchStream:
     Applies, in this order: the host-to-device copy (``non_blocking`` with
     ``pin_memory``), via :class:`DevicePrefetcher` (on a side CUDA stream when
     ``config.device_prefetch``); for ``decoded_cache`` batches the batched augmentation
-    (:func:`perflab.augment.random_resized_crop_batch`, on the device, random numbers
+    (:func:`perflab.data.augment.random_resized_crop_batch`, on the device, random numbers
     from a CPU generator seeded with ``config.seed``); ``channels_last``. With
     ``config.compute_only`` the first batch is returned every step and the loader is
     shut down at once, so its workers do not compete with the compute.
@@ -192,7 +192,7 @@ class FirstBatch:
 def time_first_batch(config: RunConfig) -> FirstBatch:
     """Measure ``config``'s loader start-up and time to first batch (see
     :class:`FirstBatch`) on a fresh loader. Building the loader (validation, a decoded
-    cache) is not timed. Raises what :func:`perflab.data.make_loader` raises."""
+    cache) is not timed. Raises what :func:`perflab.data.loader.make_loader` raises."""
     loader = make_loader(config)
     with Stopwatch() as startup:
         it = iter(loader)

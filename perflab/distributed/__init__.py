@@ -1,8 +1,8 @@
 """Data-parallel training on torch.distributed: launcher, DDP worker, torchrun entry.
 
 * :func:`launch_fn`: run a module-level function on N ranks (elastic launcher).
-* :func:`launch`: run a :class:`~perflab.config.RunConfig` on N ranks -> one
-  :class:`~perflab.result.RunResult` per rank.
+* :func:`launch`: run a :class:`~perflab.core.config.RunConfig` on N ranks -> one
+  :class:`~perflab.core.result.RunResult` per rank.
 * ``python -m perflab.distributed``: the same worker under ``torchrun``.
 """
 from perflab.distributed.launch import (LaunchTimeoutError, RankFailedError,

@@ -2,7 +2,7 @@
 
 * :func:`wrap_ddp`: ``DistributedDataParallel`` with ``config``'s ``bucket_cap_mb`` and
   ``gradient_as_bucket_view``, plus the communication hook ``config.comm_hook`` (torch's
-  own ``ddp_comm_hooks``) or the simulated link (:func:`perflab.link.register_link_hook`).
+  own ``ddp_comm_hooks``) or the simulated link (:func:`perflab.distributed.link_hook.register_link_hook`).
 * :func:`ddp_buckets`: the buckets as DDP built them, read from DDP's own logging data
   (``DistributedDataParallel._get_ddp_logging_data()``, the record behind
   ``TORCH_DISTRIBUTED_DEBUG``): after the first iterations DDP rebuilds its buckets in
@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from perflab.config import RunConfig
-from perflab.link import (COMPRESSIONS, LinkModel, SimulatedLink, hook_compression,
-                          register_link_hook)
-from perflab.timing import PerfCounterClock
+from perflab.core.config import RunConfig
+from perflab.distributed.link_hook import COMPRESSIONS, hook_compression, register_link_hook
+from perflab.core.simulated import LinkModel, SimulatedLink
+from perflab.core.timing import PerfCounterClock
 
 __all__ = ["check_compression", "timed_allreduce_buckets", "check_ddp_config", "wrap_ddp",
            "register_comm_hook",
@@ -66,7 +66,7 @@ def wrap_ddp(model: torch.nn.Module, config: RunConfig, device: torch.device
 
     Returns:
         (ddp_model, link_state): ``link_state`` is the
-        :class:`perflab.link.LinkHookState` when ``config.link`` is set, else None.
+        :class:`perflab.distributed.link_hook.LinkHookState` when ``config.link`` is set, else None.
     """
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -80,14 +80,14 @@ def register_comm_hook(ddp: DistributedDataParallel, comm_hook: str,
     """Register the DDP communication hook for ``comm_hook`` / ``link``: the one place
     perflab registers one (PyTorch docs, "DDP Communication Hooks").
 
-    * ``link`` set: :func:`perflab.link.register_link_hook` (the real allreduce, its
+    * ``link`` set: :func:`perflab.distributed.link_hook.register_link_hook` (the real allreduce, its
       completion delayed as the simulated link would; fp16/bf16 compression inside it);
     * else ``"fp16"`` / ``"bf16"``: torch's ``fp16_compress_hook`` / ``bf16_compress_hook``;
     * ``"powersgd"``: torch's ``powerSGD_hook`` (rank 1, 2 plain warm-up allreduces);
     * ``"none"``: no hook (DDP's own allreduce).
 
     Returns:
-        The :class:`perflab.link.LinkHookState` when ``link`` is set, else None.
+        The :class:`perflab.distributed.link_hook.LinkHookState` when ``link`` is set, else None.
 
     Raises:
         ValueError: an unknown ``comm_hook``.
@@ -179,7 +179,7 @@ def allreduce_by_bucket(buckets: list[list[torch.nn.Parameter]], *,
 
 
 def check_compression(compression: str) -> None:
-    """Raise ValueError unless ``compression`` is a key of :data:`perflab.link.COMPRESSIONS`."""
+    """Raise ValueError unless ``compression`` is a key of :data:`perflab.distributed.link_hook.COMPRESSIONS`."""
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {tuple(COMPRESSIONS)}, "
                          f"got {compression!r}")
@@ -197,7 +197,7 @@ def timed_allreduce_buckets(bucket_nbytes: Sequence[int], *, link: SimulatedLink
 
     Call on every rank of an initialised process group. After a barrier, every bucket is
     allreduced asynchronously in order (as DDP issues them once all are ready) and waited
-    for; with ``link`` each bucket is also booked on a :class:`~perflab.link.LinkModel`
+    for; with ``link`` each bucket is also booked on a :class:`~perflab.core.simulated.LinkModel`
     (all handed to the link at the start, so they queue: ``sum(alpha + n_i / beta)``) and
     the call returns no earlier than the last modelled completion (sleeping, not spinning).
 

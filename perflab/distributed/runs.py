@@ -16,13 +16,14 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from perflab.config import RunConfig
+from perflab.core.config import RunConfig
 from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import default_backend, launch_fn
 from perflab.distributed.worker import ddp_worker, total_steps
-from perflab.result import RunResult, default_results_dir
-from perflab.storage import check_writable, write_atomic
-from perflab.timing import Stopwatch
+from perflab.core.result import RunResult
+from perflab.core.paths import default_results_dir
+from perflab.core.storage import check_writable, write_atomic
+from perflab.core.timing import Stopwatch
 
 __all__ = ["launch", "launch_sweep", "sweep_worker"]
 
@@ -35,7 +36,7 @@ def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float
     Starts the ranks with :func:`launch_fn` (elastic launcher; gloo with
     ``config.threads or 1`` torch threads per rank on CPU, NCCL with one GPU per rank on
     CUDA), runs :func:`ddp_worker` on each, and saves each rank's result like
-    :func:`perflab.train.run` does (``<label>-rank<r>.json``).
+    :func:`perflab.experiment.run` does (``<label>-rank<r>.json``).
 
     Args:
         config: the experiment; ``config.world_size`` ranks unless ``world_size`` is
@@ -44,7 +45,7 @@ def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float
         timeout_s: seconds after which ranks still running are stopped.
         progress: a tqdm bar here (a widget in Jupyter), following rank 0's steps.
         save: write each rank's result as JSON.
-        results_dir: where to save (None -> :func:`perflab.result.default_results_dir`).
+        results_dir: where to save (None -> :func:`perflab.core.paths.default_results_dir`).
 
     Returns:
         ``[rank 0's RunResult, rank 1's, ...]``; ``extra["launch_overhead_s"]``: this

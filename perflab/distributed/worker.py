@@ -2,9 +2,9 @@
 
 Each rank (started by :func:`perflab.distributed.launch_fn`, or by ``torchrun`` through
 ``python -m perflab.distributed``) builds the same pieces as the single-process
-:func:`perflab.train.run`: :func:`perflab.step.build_training` (loader, model,
-optimizer), :class:`perflab.loading.BatchStream`, :class:`perflab.timing.PhaseTimer`
-and :mod:`perflab.memory`, and trains with the same :func:`perflab.step.train_step`
+:func:`perflab.experiment.run`: :func:`perflab.train.step.build_training` (loader, model,
+optimizer), :class:`perflab.data.prefetch.BatchStream`, :class:`perflab.core.timing.PhaseTimer`
+and :mod:`perflab.core.memory`, and trains with the same :func:`perflab.train.step.train_step`
 (accumulation with ``no_sync``, the straggler's delay and the link's per-step reset
 happen there; DDP's communication hook is registered once, by :func:`wrap_ddp`). Data differ by rank through a **rank-offset seed**
 (``seed + rank`` seeds the shuffle and the augmentations of the rank's loader); the
@@ -23,7 +23,7 @@ bound's terms and the step it bounds come from the same moments):
    optimizer, other, step; all but the last micro-batch of ``accumulation_steps`` under
    ``no_sync``. DDP's buckets are read after the first one (DDP rebuilds them then).
 3. ``comm``: the gradient allreduce alone, DDP's bucket sizes in DDP's order through the
-   same link / compression (:func:`perflab.collectives.timed_allreduce_buckets`), no
+   same link / compression (:func:`perflab.analysis.collectives.timed_allreduce_buckets`), no
    compute; ``comm_cpu``: the CPU time of this process (all threads, gloo's included)
    during it, the real allreduce's work, which competes with compute on a CPU machine.
 
@@ -54,15 +54,15 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from perflab.config import RunConfig
-from perflab.env import env_summary
-from perflab.link import hook_compression
-from perflab.loading import BatchStream
-from perflab.measurement import Measurement
-from perflab.memory import read_peak, reset_peak
-from perflab.result import RunResult
-from perflab.timing import PhaseTimer, Stopwatch
-from perflab.step import StragglerDelay, build_training, make_scaler, train_step
+from perflab.core.config import RunConfig
+from perflab.core.env import env_summary
+from perflab.distributed.link_hook import hook_compression
+from perflab.data.prefetch import BatchStream
+from perflab.core.measurement import Measurement
+from perflab.core.memory import read_peak, reset_peak
+from perflab.core.result import RunResult
+from perflab.core.timing import PhaseTimer, Stopwatch
+from perflab.train.step import StragglerDelay, build_training, make_scaler, train_step
 from perflab.distributed.ddp import (allreduce_by_bucket, bucket_params, ddp_buckets,
                                      timed_allreduce_buckets,
                                      wrap_ddp)
@@ -115,7 +115,7 @@ def _restore(model: Any, optimizer: Any, saved: tuple[dict, dict]) -> None:
 def _block(model: Any, optimizer: Any, batches: BatchStream, config: RunConfig,
            scaler: Any, straggler: StragglerDelay, n: int, timer: PhaseTimer, bar: Any, *,
            sync: bool, allreduce: Any = None, link_state: Any = None) -> list[float]:
-    """Run ``n`` steps of :func:`perflab.step.train_step` into ``timer``; returns the
+    """Run ``n`` steps of :func:`perflab.train.step.train_step` into ``timer``; returns the
     losses. ``sync=False``: every micro-batch under ``no_sync`` (compute only);
     ``allreduce``: the hand-run bucket allreduce, timed as the "wait" phase."""
     losses = []

@@ -10,13 +10,17 @@ timed them alone (``make check-solutions``): nothing here is typed in.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perflab.result import default_results_dir
+from perflab.core.config import resolve_device
+from perflab.core.env import bf16_support
+from perflab.core.paths import default_results_dir, source_checkout_root
 
-__all__ = ["Lab", "LABS", "START_HERE", "lab_times_path", "read_lab_times", "lab_map"]
+__all__ = ["Lab", "LABS", "START_HERE", "lab_times_path", "read_lab_times", "lab_map",
+           "lab_capabilities"]
 
 #: Version of the ``lab_times.json`` layout (``{"format": 1, "notebooks": {...}}``).
 LAB_TIMES_FORMAT = 1
@@ -68,7 +72,7 @@ LABS: tuple[Lab, ...] = (
 
 def lab_times_path(results_dir: str | Path | None = None) -> Path:
     """``<results>/lab_times.json``; ``results_dir`` None ->
-    :func:`perflab.result.default_results_dir` (``$PERFLAB_RESULTS``, else ``results/``)."""
+    :func:`perflab.core.paths.default_results_dir` (``$PERFLAB_RESULTS``, else ``results/``)."""
     if results_dir is None:
         results_dir = default_results_dir()
     return Path(results_dir) / "lab_times.json"
@@ -126,3 +130,55 @@ def lab_map(times: dict[str, dict[str, Any]] | None = None, *, start_here: bool 
                      "nbval_time": text, "measured_at": t.get("measured_at"),
                      "preset": t.get("preset"), "machine": t.get("machine")})
     return pd.DataFrame(rows)
+
+
+def lab_capabilities(device: str = "auto", roofline: Any = None) -> list[dict[str, str]]:
+    """One row per lab: whether it ships in this checkout and what this machine can show.
+
+    Args:
+        device: a ``RunConfig.device`` value.
+        roofline: a measured :class:`perflab.analysis.roofline.Roofline` of ``device`` (what
+            ``perflab doctor`` passes): Lab 03's row then says, from the measurement,
+            whether bf16 is faster here, with :func:`bf16_support`'s flags as context.
+            None: the row gives the flags only and concludes nothing about speed.
+
+    Returns:
+        dicts with keys ``lab``, ``status`` ("ready", or "no notebook here" in a wheel install without the checkout) and ``note``.
+    """
+    import shutil
+
+    import torch.distributed as dist
+
+
+    dev = resolve_device(device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    bf16, why = bf16_support(dev)
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    notes = {
+        "01": f"phase timing on {dev}" + (" with CUDA events" if dev.type == "cuda" else ""),
+        "02": f"worker sweep 0..{cores} on {cores} core(s); device prefetch "
+              + ("on a side CUDA stream" if dev.type == "cuda" else "is a pass-through here"),
+        "03": (f"{roofline.explain('bf16')} (flags: {why})" if roofline is not None
+               else f"bf16 speed not measured (flags: {why}; `perflab doctor` measures it)")
+              + "; fp16 + GradScaler " + ("available" if dev.type == "cuda" else "needs CUDA"),
+        "04": "peak memory from " + ("the CUDA allocator" if dev.type == "cuda"
+                                     else "process RSS (CPU)"),
+        "05": f"inductor C++ compiler: {cxx or 'missing (install g++)'}",
+        "06": "backends: " + ", ".join(b for b, ok in (("gloo", dist.is_gloo_available()),
+                                                          ("nccl", dist.is_nccl_available()
+                                                           and dev.type == "cuda")) if ok),
+        "07": f"simulated stragglers across {cores} core(s)",
+        "08": "MFU against the peak of the run's dtype: " + (
+            "the datasheet's" if dev.type == "cuda" else "this CPU's measured matmul rate"),
+        "09": f"FSDP2 / ZeRO-1 on gloo; scaling to 4 ranks on {cores} core(s)"
+              + (" (oversubscribed beyond that)" if cores < 4 else ""),
+    }
+    root = source_checkout_root()
+    rows = []
+    for lab in LABS:
+        ready = bool(root and (root / "labs" / lab.notebook).is_file())
+        # a wheel install has the library but not the notebooks (they ship in the checkout)
+        rows.append({"lab": f"{lab.number} {lab.title}",
+                     "status": "ready" if ready else "no notebook here",
+                     "note": notes[lab.number]})
+    return rows

@@ -3,18 +3,18 @@
 A check cell uses it to fail an answer that only delegates to the perflab helper the
 exercise asks the student to write themselves::
 
-    with perflab.calls_to("train_step", namespace=globals()) as delegated:
+    with calls_to("train_step", namespace=globals()) as delegated:
         my_loss = my_amp_step(model, x, y, opt, scaler, dtype)
     assert not delegated, "write the autocast + GradScaler step yourself"
 
 While the block runs, the function is replaced by a recording wrapper everywhere a
-caller can reach it: in the module that defines it, on ``perflab`` itself, and in
-``namespace`` (the notebook's globals: ``from perflab import train_step`` binds the
-name there). Everything is restored afterwards, also when the block raises.
+caller can reach it: in the module that defines it, on ``perflab`` itself when the name
+is on its face, and in ``namespace`` (the notebook's globals: ``from perflab import
+train_step`` binds the name there). Everything is restored afterwards, also when the block raises.
 
 Why our own code: ``unittest.mock.patch`` patches one target at a time and would need
-the private defining module spelled out in the notebook; this finds it from perflab's
-public-name table.
+the defining module spelled out in the notebook; this finds it from the modules' own
+``__all__`` lists.
 """
 from __future__ import annotations
 
@@ -31,23 +31,22 @@ def calls_to(*names: str, namespace: MutableMapping[str, Any] | None = None
     """Record calls to the public perflab functions ``names`` inside the block.
 
     Args:
-        names: public perflab names (``from perflab import NAME`` works for each).
+        names: public perflab names: on ``perflab``'s face or in the ``__all__`` of the
+            library module that defines them (e.g. ``"count_compiles"``).
         namespace: a globals dict whose bindings of these functions are patched too.
 
     Yields:
         A list that gets the name of each function as it is called.
 
     Raises:
-        ValueError: a name is not a public perflab function (before anything changes).
+        ValueError: a name is in no perflab module's ``__all__``, or is not a function
+            (before anything changes).
     """
     import perflab
 
-    homes = perflab._HOME
     targets = []
     for name in names:
-        if name not in homes:
-            raise ValueError(f"{name!r} is not a public perflab name; see docs/API.md")
-        module = importlib.import_module(f"perflab.{homes[name]}")
+        module = _home(name)
         real = getattr(module, name)
         if not callable(real):
             raise ValueError(f"perflab.{name} is not a function: nothing to spy on")
@@ -70,7 +69,8 @@ def calls_to(*names: str, namespace: MutableMapping[str, Any] | None = None
                 return _real(*args, **kwargs)
 
             patch(module, name, recorder)
-            patch(perflab, name, recorder)
+            if name in perflab.__all__:
+                patch(perflab, name, recorder)
             if namespace is not None:
                 for key, value in list(namespace.items()):
                     if value is real:
@@ -87,3 +87,27 @@ def calls_to(*names: str, namespace: MutableMapping[str, Any] | None = None
                 setattr(owner, attr, old)
             else:
                 delattr(owner, attr)
+
+
+def _home(name: str) -> Any:
+    """The library module whose ``__all__`` holds ``name`` (modules already imported are
+    looked at first).
+
+    Raises:
+        ValueError: no library module exports ``name``.
+    """
+    import sys
+
+    import perflab
+
+    if name in perflab._HOME:
+        return importlib.import_module(f"perflab.{perflab._HOME[name]}")
+    modules = perflab._library_modules()
+    for loaded in (True, False):
+        for dotted in modules:
+            if (dotted in sys.modules) != loaded:
+                continue
+            module = importlib.import_module(dotted)
+            if name in getattr(module, "__all__", ()):
+                return module
+    raise ValueError(f"{name!r} is not a public perflab name; see docs/API.md")

@@ -31,15 +31,15 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from perflab.sharding_run import mlp
-from perflab.timing import Stopwatch
+from perflab.models import mlp
+from perflab.core.timing import Stopwatch
 
 __all__ = ["straggler_rank", "reference_gather", "ThreadCpuClock"]
 
 
 class ThreadCpuClock:
     """CPU seconds of the calling thread (``time.thread_time``): a
-    :class:`perflab.timing.Clock` for ``Stopwatch(clock=ThreadCpuClock())``.
+    :class:`perflab.core.timing.Clock` for ``Stopwatch(clock=ThreadCpuClock())``.
 
     With one torch thread per rank the forward and backward run on this thread, so
     wall time minus CPU time is the time the rank was not on a core (waiting for one, or

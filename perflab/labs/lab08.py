@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from perflab.ladder_rungs import RUNGS
+from perflab.ladder.rungs import RUNGS
 
 __all__ = ["ReportNumber", "report_numbers", "unmeasured_numbers", "rungs_called_kept",
            "report_problems", "flatten_numbers"]

@@ -1,4 +1,4 @@
-"""Sharding and scaling experiments on N ranks (Lab 09): the rank bodies and their model.
+"""Sharding and scaling experiments on N ranks (Lab 09): the rank bodies.
 
 Each function named ``*_rank`` is what every rank runs under
 :func:`perflab.distributed.launch_fn` (module level, so spawned ranks import it):
@@ -6,11 +6,13 @@ Each function named ``*_rank`` is what every rank runs under
 * :func:`sharding_rank`: trains the same small MLP with AdamW under each method (plain
   DDP, DDP with fp16 / PowerSGD communication hooks, the student's ZeRO-1 from their own
   file, ``torch.distributed.optim.ZeroRedundancyOptimizer``, FSDP2's ``fully_shard``) and
-  measures, per rank: model-state bytes (:func:`perflab.sharding.state_bytes`), the peak
-  memory (:func:`perflab.memory.read_peak`, reset per method), collective bytes per step
-  (:class:`perflab.sharding.count_collectives`) and the losses.
-* :func:`scaling_rank`: DDP step times of one per-rank batch size per configuration, with
-  the simulated link under the allreduce (:mod:`perflab.link`).
+  measures, per rank: model-state bytes (:func:`perflab.analysis.sharding.state_bytes`), the peak
+  memory (:func:`perflab.core.memory.read_peak`, reset per method), collective bytes per step
+  (:class:`perflab.analysis.sharding.count_collectives`) and the losses.
+* :func:`tasks_rank`: runs a list of sharding and scaling tasks in one launch; the
+  scaling task is the library's :func:`perflab.analysis.scaling.scaling_rank`.
+
+The model they train is :func:`perflab.models.mlp`.
 
 DDP, ZeroRedundancyOptimizer and FSDP2 are torch's; nothing here re-implements them.
 """
@@ -24,13 +26,12 @@ from typing import Any, Sequence
 import torch
 
 from perflab.distributed.ddp import register_comm_hook
-from perflab.link import SimulatedLink
-from perflab.memory import read_peak, reset_peak
-from perflab.sharding import count_collectives, state_bytes
-from perflab.timing import PhaseTimer
+from perflab.core.memory import read_peak, reset_peak
+from perflab.analysis.sharding import count_collectives, state_bytes
+from perflab.analysis.scaling import scaling_rank
+from perflab.models import mlp, mlp_batches
 
-__all__ = ["mlp", "mlp_batches", "unsharded_adamw", "sharding_rank", "scaling_rank",
-           "SHARDING_METHODS", "tasks_rank"]
+__all__ = ["unsharded_adamw", "sharding_rank", "SHARDING_METHODS", "tasks_rank"]
 
 #: What :func:`sharding_rank` can run, and how each is built.
 SHARDING_METHODS = {
@@ -41,44 +42,6 @@ SHARDING_METHODS = {
     "zero_redundancy": "DDP + torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1)",
     "fsdp2": "FSDP2: fully_shard per Linear and the root (params, grads, state sharded)",
 }
-
-
-def mlp(sizes: Sequence[int], seed: int = 0) -> torch.nn.Sequential:
-    """``Linear(sizes[0], sizes[1]), ReLU, ..., Linear(sizes[-2], sizes[-1])``, seeded.
-
-    Input ``(B, sizes[0])`` float32, output logits ``(B, sizes[-1])``.
-
-    Raises:
-        ValueError: fewer than two sizes, or a size < 1.
-    """
-    if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
-        raise ValueError(f"sizes must list >= 2 layer widths >= 1, got {list(sizes)!r}")
-    torch.manual_seed(seed)
-    layers: list[torch.nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
-    return torch.nn.Sequential(*layers)
-
-
-def mlp_batches(sizes: Sequence[int], batch: int, steps: int, rank: int, seed: int = 0
-                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``steps`` fixed batches for one rank: ``x (batch, sizes[0])`` float32, ``y (batch,)``
-    int64 class labels, drawn from a generator seeded by (seed, step, rank). World_size
-    ranks together see the rows that :func:`unsharded_adamw` concatenates into one global
-    batch of ``world_size * batch`` rows.
-
-    Raises:
-        ValueError: batch or steps < 1, or rank < 0.
-    """
-    if batch < 1 or steps < 1 or rank < 0:
-        raise ValueError(f"batch and steps must be >= 1 and rank >= 0, got batch={batch}, "
-                         f"steps={steps}, rank={rank}")
-    out = []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(1_000_003 * seed + 1_009 * step + rank + 1)
-        out.append((torch.randn(batch, sizes[0], generator=g),
-                    torch.randint(0, sizes[-1], (batch,), generator=g)))
-    return out
 
 
 def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: int, *,
@@ -215,61 +178,10 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
     return out
 
 
-def scaling_rank(configs: Sequence[dict[str, Any]], sizes: Sequence[int], seed: int = 0
-                 ) -> list[dict[str, Any]]:
-    """Rank body: DDP + SGD step times for each config: a dict with ``batch`` (per rank),
-    ``steps``, ``warmup``, ``link`` (a :class:`~perflab.link.SimulatedLink` or None),
-    optionally ``ranks`` (train on the first ``ranks`` ranks only, in their own process
-    group, while the others wait: a smaller world size without another launch) and any
-    labels (``mode``...), which are passed through.
-
-    Returns:
-        Per config, the config's labels (``link`` as its name) with ``world_size`` (the
-        ranks that trained) and ``step_s``: this rank's step times in seconds after
-        ``warmup`` (timed with :class:`perflab.timing.PhaseTimer`), None on a rank that
-        only waited.
-
-    Raises:
-        ValueError: a link that is not a SimulatedLink, or ``ranks`` out of range.
-    """
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from perflab.link import register_link_hook
-
-    rank, world, out = dist.get_rank(), dist.get_world_size(), []
-    for cfg in configs:
-        link, ranks = cfg.get("link"), cfg.get("ranks", world)
-        if link is not None and not isinstance(link, SimulatedLink):
-            raise ValueError(f"link must be a SimulatedLink or None, got {link!r}")
-        if not 1 <= ranks <= world:
-            raise ValueError(f"ranks must be in 1..{world} (the launch's world_size), got {ranks}")
-        group = dist.new_group(list(range(ranks))) if ranks < world else None  # all ranks call
-        step_s = None
-        if rank < ranks:
-            ddp = DDP(mlp(sizes, seed), process_group=group)
-            state = None if link is None else register_link_hook(ddp, link, process_group=group)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-            timer = PhaseTimer("cpu", annotate=False)
-            for x, y in mlp_batches(sizes, cfg["batch"], cfg["warmup"] + cfg["steps"], rank, seed):
-                if state is not None:
-                    state.reset()
-                with timer.step():
-                    torch.nn.functional.cross_entropy(ddp(x), y).backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-            step_s = list(timer.measurements(warmup=cfg["warmup"])["step"].times_s)
-        out.append({**{k: v for k, v in cfg.items() if k != "ranks"},
-                    "link": link.name if link else "real loopback", "world_size": ranks,
-                    "step_s": step_s})
-        dist.barrier()
-    return out
-
-
 def tasks_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
     """Rank body running several experiments in one launch (process start-up costs
     seconds): ``tasks`` is a list of ``(name, args, kwargs)`` with name "sharding"
-    (:func:`sharding_rank`) or "scaling" (:func:`scaling_rank`); returns their results.
+    (:func:`sharding_rank`) or "scaling" (:func:`perflab.analysis.scaling.scaling_rank`); returns their results.
 
     Raises:
         ValueError: an unknown task name.

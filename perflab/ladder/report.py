@@ -1,9 +1,9 @@
 """What a ladder climb found: the :class:`Ladder` table, its plots and report.
 
-:func:`perflab.ladder.climb` measures; this module shows: a table (step time,
+:func:`perflab.ladder.search.climb` measures; this module shows: a table (step time,
 throughput with 95 % CI, speedup per rung and cumulative, MFU, peak memory), a waterfall
 of the cumulative speedup, the phase breakdown per rung, ``report.md`` with the
-environment summary (the Lab 08 widget is :func:`perflab.panels.ladder_panel`).
+environment summary (the Lab 08 widget is :func:`perflab.ui.panels.ladder_panel`).
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from typing import Any, Sequence
 import pandas as pd
 from matplotlib.figure import Figure
 
-from perflab.env import env_summary
-from perflab.figures import InlineFigure, figure_to_png
-from perflab.flops import utilization
-from perflab.measurement import Comparison
-from perflab.plots import plot_phases
-from perflab.result import RunResult
+from perflab.core.env import env_summary
+from perflab.viz.figures import InlineFigure, figure_to_png
+from perflab.analysis.flops import utilization
+from perflab.core.measurement import Comparison
+from perflab.viz.plots import plot_phases
+from perflab.core.result import RunResult
 
 __all__ = ["Rung", "Ladder", "TABLE_COLUMNS"]
 
@@ -30,7 +30,7 @@ TABLE_COLUMNS = ("rung", "move", "status", "change", "batch_size", "step_time_ms
                  "samples_per_s_ci_low", "samples_per_s_ci_high", "speedup",
                  "speedup_ci_low", "speedup_ci_high", "p_value", "cumulative_speedup",
                  "mfu_pct", "mfu_peak", "peak_mem_gib", "verdict")
-_KEPT, _DROPPED = "#009E73", "#B0B0B0"  # Okabe-Ito green, grey (as perflab.plots)
+_KEPT, _DROPPED = "#009E73", "#B0B0B0"  # Okabe-Ito green, grey (as perflab.viz.plots)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Rung:
     """One measured move of the search (a trial).
 
     Attributes:
-        name: the rung (one of :data:`perflab.ladder.RUNGS`), rungs joined by "+" for a
+        name: the rung (one of :data:`perflab.ladder.search.RUNGS`), rungs joined by "+" for a
             joint move, "-rung" for a removal.
         change: what the rung changed, e.g. ``"amp='bf16'"``.
         incumbent: the best-so-far config's RunResult, measured in the same interleaved
@@ -49,7 +49,7 @@ class Rung:
         note: how a larger batch was chosen, in words ("" otherwise).
         move: "add" (first pass), "retry" (a dropped rung on a newer best), "joint"
             (interacting rungs together) or "remove" (a kept rung switched off).
-        on: the rungs on in the candidate, in :data:`perflab.ladder.RUNGS` order.
+        on: the rungs on in the candidate, in :data:`perflab.ladder.search.RUNGS` order.
     """
 
     name: str
@@ -66,7 +66,7 @@ class Rung:
 def _mfu(result: RunResult) -> tuple[float, str]:
     """MFU in % against the peak of the run's own dtype (NaN when the peak is
     unavailable) and that peak with its source, e.g. "bf16 1.1 GFLOP/s, measured: ...";
-    see :func:`perflab.flops.utilization`."""
+    see :func:`perflab.analysis.flops.utilization`."""
     u = utilization(result)
     p = u.peak
     value = "unavailable" if p.flops_per_s is None else f"{p.flops_per_s / 1e9:,.4g} GFLOP/s"
@@ -97,7 +97,7 @@ def _noisy(rung: Rung) -> bool:
 
 
 class Ladder:
-    """The outcome of :func:`perflab.ladder.climb`.
+    """The outcome of :func:`perflab.ladder.search.climb`.
 
     Attributes:
         baseline: the naive baseline's RunResult (measured in the first trial), or None
@@ -179,7 +179,7 @@ class Ladder:
         """One row per measured move, in order (baseline first, skipped rungs last);
         columns :data:`TABLE_COLUMNS`. ``speedup`` is candidate vs the best so far, per
         sample; ``cumulative_speedup`` the product of kept speedups up to that row;
-        ``mfu_pct`` from :func:`perflab.flops.utilization` against the peak of the run's
+        ``mfu_pct`` from :func:`perflab.analysis.flops.utilization` against the peak of the run's
         own dtype, ``mfu_peak`` that peak and its source (datasheet or measured)."""
         return self.table_with(mfu=True)
 
@@ -223,7 +223,7 @@ class Ladder:
 
     def plot_phases(self) -> Figure:
         """Phase breakdown (data, forward, backward, optimizer) of the baseline and every
-        rung's candidate, per step (:func:`perflab.plots.plot_phases`)."""
+        rung's candidate, per step (:func:`perflab.viz.plots.plot_phases`)."""
         results = ([self.baseline] if self.baseline is not None else []) + [
             r.candidate for r in self.rungs]
         shown = [dataclasses.replace(r, config=r.config.replace(
@@ -291,7 +291,7 @@ class Ladder:
 
 def _hardware_lines(device: str, ladder: "Ladder") -> list[str]:
     """The measured roofline, and what it says about the amp rung's verdict."""
-    from perflab.roofline import measure_roofline
+    from perflab.analysis.roofline import measure_roofline
 
     roof = measure_roofline(device)
     lines = ["## Why, from this machine's roofline", "", "```", repr(roof), "```", ""]

@@ -15,7 +15,7 @@ compile           ``compile="default"`` (``torch.compile``, inductor; Lab 05)
 max_autotune      ``compile="max-autotune"`` (GPU only: autotuned Triton kernels)
 cuda_graphs       ``compile="reduce-overhead"`` (GPU only: CUDA graphs replay the step)
 cudnn_benchmark   ``torch.backends.cudnn.benchmark = True`` during the run (GPU only)
-fused_optimizer   ``torch.optim.SGD(fused=True)`` (:func:`perflab.step.optimizer_options`)
+fused_optimizer   ``torch.optim.SGD(fused=True)`` (:func:`perflab.train.step.optimizer_options`)
 threads           ``threads`` = half the intra-op threads (CPU only: less contention
                   with the loader and other programs on a shared machine)
 larger_batch      ``checkpointing="per_stage"`` and the largest batch whose memory fits
@@ -34,11 +34,11 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from perflab.config import RunConfig
-from perflab.max_batch import GIB, cpu_step_bytes, find_max_batch
-from perflab.measurement import Measurement
-from perflab.result import RunResult
-from perflab.step import optimizer_options
+from perflab.core.config import RunConfig
+from perflab.analysis.max_batch import GIB, cpu_step_bytes, find_max_batch
+from perflab.core.measurement import Measurement
+from perflab.core.result import RunResult
+from perflab.train.step import optimizer_options
 
 __all__ = ["RUNGS", "GROUPS", "INTERACTING", "SIZES", "ROUNDS", "Variant", "naive_config",
            "rung_config", "unavailable", "make_variant", "applied", "checkpointed_batch_size",
@@ -224,7 +224,7 @@ def make_variant(base: RunConfig, on: Iterable[str], *, big_batch: int | None = 
 def applied(settings: Iterable[str]) -> Iterator[None]:
     """Apply a variant's settings (not RunConfig fields) around a run, then restore:
     ``cudnn_benchmark`` sets ``torch.backends.cudnn.benchmark``; ``fused_optimizer``
-    builds SGD with ``fused=True`` (:func:`perflab.step.optimizer_options`)."""
+    builds SGD with ``fused=True`` (:func:`perflab.train.step.optimizer_options`)."""
     settings = set(settings)
     old = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = old or "cudnn_benchmark" in settings
@@ -240,10 +240,10 @@ def checkpointed_batch_size(best: RunConfig, best_result: RunResult | None = Non
                             limit: int | None = None) -> tuple[int, str]:
     """The largest batch that fits, with per-stage checkpointing, in the memory ``best``
     needs without it (Chen et al. 2016; Lab 04), via
-    :func:`perflab.max_batch.find_max_batch`.
+    :func:`perflab.analysis.max_batch.find_max_batch`.
 
     The budget: on CUDA the measured peak of ``best_result`` (allocated bytes); on a
-    CPU the bytes :func:`perflab.max_batch.cpu_step_bytes` measures for ``best`` at its
+    CPU the bytes :func:`perflab.analysis.max_batch.cpu_step_bytes` measures for ``best`` at its
     batch size (model state + saved activations). Batches of 16 or more are rounded down
     to a multiple of 8 (tensor-core friendly shapes).
 

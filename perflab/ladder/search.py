@@ -1,7 +1,7 @@
 """The optimization ladder (Lab 08, ``perflab ladder``): a search for the fastest config.
 
 Starting from a naive baseline (per-sample JPEG decode in the main process, fp32, NCHW,
-eager), :func:`climb` searches the rungs of :mod:`perflab.ladder_rungs` by local search
+eager), :func:`climb` searches the rungs of :mod:`perflab.ladder.rungs` by local search
 (first-improvement hill climbing), every move measured against the best so far:
 
 1. **first pass** (the classic greedy ladder): each rung in order, added on top of the
@@ -15,7 +15,7 @@ eager), :func:`climb` searches the rungs of :mod:`perflab.ladder_rungs` by local
 
 A move is measured with interleaved rounds (A B A B, so drift hits both sides) and
 compared per sample (so a larger batch compares fairly) with
-:func:`perflab.measurement.compare` (two-sided Mann-Whitney U, bootstrap CI of the
+:func:`perflab.core.measurement.compare` (two-sided Mann-Whitney U, bootstrap CI of the
 speedup); it is kept only when the candidate is significantly faster (p < alpha and
 speedup > 1). The same pair is never measured twice. Every pooled RunResult is saved
 the moment its trial finishes (``runs/*.json``, tagged with the trial and the rungs
@@ -37,15 +37,18 @@ from typing import Callable, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from perflab.config import RunConfig
-from perflab.ladder_report import Ladder, Rung
-from perflab.ladder_rungs import (GROUPS, INTERACTING, ROUNDS, RUNGS, SIZES, Variant, applied,
-                                  check_size, checkpointed_batch_size, make_variant,
-                                  naive_config, per_sample, rung_config, unavailable)
-from perflab.measurement import Measurement, compare
-from perflab.memory import PeakMemory
-from perflab.result import RunResult, default_results_dir
-from perflab.storage import check_writable, write_atomic
+from perflab.core.config import RunConfig
+from perflab.ladder.report import Ladder, Rung
+from perflab.ladder.rungs import (
+    GROUPS, INTERACTING, ROUNDS, RUNGS, SIZES, Variant, applied, check_size,
+    checkpointed_batch_size, make_variant, naive_config, per_sample, rung_config,
+    unavailable,
+)
+from perflab.core.measurement import Measurement, compare
+from perflab.core.memory import PeakMemory
+from perflab.core.result import RunResult
+from perflab.core.paths import default_results_dir
+from perflab.core.storage import check_writable, write_atomic
 
 __all__ = ["climb", "resume_climb", "search_all", "validate_climb"]
 
@@ -160,7 +163,7 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
             ``<results>/ladder/<UTC timestamp>``. Checked writable before any run.
         save: write every result as soon as it is measured.
         run_fn: ``run_fn([config], rounds=1, progress=...) -> [RunResult]``; default
-            :func:`perflab.train.run_interleaved` without saving (tests pass a fake).
+            :func:`perflab.experiment.run_interleaved` without saving (tests pass a fake).
         search: False: the first pass only (the greedy ladder).
         max_trials: stop searching after this many comparisons (None: no limit).
 
@@ -196,7 +199,7 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
                      rounds=rounds, alpha=alpha, search=search, max_trials=max_trials)
         write_atomic(out / _STATE, json.dumps(state, indent=1))
     if run_fn is None:
-        from perflab.train import run_interleaved
+        from perflab.experiment import run_interleaved
         run_fn = partial(run_interleaved, save=False)
     trials = _Trials(run_fn, rounds, progress, out, _saved)
     skipped = {r: "skipped on request" for r in rungs if r in skip}
@@ -368,7 +371,7 @@ def search_all(config: RunConfig | None = None, *, size: str = "tiny",
     validate_climb(rungs, (), rounds, 0.05)
     config = naive_config(size) if config is None else config
     if run_fn is None:
-        from perflab.train import run_interleaved
+        from perflab.experiment import run_interleaved
         run_fn = partial(run_interleaved, save=False)
     usable = [r for r in rungs if unavailable(r, config) is None]
     variants = {}

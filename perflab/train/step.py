@@ -3,7 +3,7 @@
 :func:`train_step` reads top to bottom (after nanoGPT's training loop): autocast,
 GradScaler, gradient accumulation with DDP's ``no_sync``, the injected straggler's
 delay and the simulated link's per-step reset are visible in it and nowhere else.
-:func:`perflab.train.run` (one process) and :func:`perflab.distributed.ddp_worker`
+:func:`perflab.experiment.run` (one process) and :func:`perflab.distributed.ddp_worker`
 (every rank) both call it; :func:`build_training` builds the loader, model (with
 activation checkpointing, ``channels_last`` and ``torch.compile`` applied) and optimizer
 they train.
@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from perflab.config import RunConfig
-from perflab.data import make_loader
-from perflab.dtypes import LOW_PRECISION_DTYPES
+from perflab.core.config import RunConfig
+from perflab.data.loader import make_loader
+from perflab.core.dtypes import LOW_PRECISION_DTYPES
 from perflab.models import build_model
 
 __all__ = ["train_step", "build_training", "build_model_and_optimizer", "make_scaler",
@@ -45,7 +45,7 @@ class StragglerDelay:
     ``StragglerDelay(where)`` with ``delay_s`` set (seconds) on the slow rank only; a
     :func:`train_step` calls it at "data", "before_forward" and "before_backward" of
     its first micro-batch and it sleeps where ``where`` says
-    (:class:`perflab.straggler.Straggler`).
+    (:class:`perflab.core.simulated.Straggler`).
     """
 
     def __init__(self, where: str, delay_s: float = 0.0):
@@ -68,7 +68,7 @@ _optimizer_kwargs: dict[str, bool] = {}
 def optimizer_options(**options: bool):
     """Inside the block, :func:`build_model_and_optimizer` builds SGD with ``options``
     (e.g. ``fused=True``): how the ladder's ``fused_optimizer`` rung changes the
-    optimizer of a :func:`perflab.train.run` (RunConfig has no field for it).
+    optimizer of a :func:`perflab.experiment.run` (RunConfig has no field for it).
 
     Raises:
         ValueError: an option not in :data:`OPTIMIZER_OPTIONS`, or not a bool.
@@ -128,9 +128,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor | None, y: torch.Tensor |
         accumulation_steps: micro-batches per optimizer step (>= 1).
         next_batch: returns the next ``(x, y)`` on the device (e.g. ``next(stream)``).
         sync: DDP only: False runs every micro-batch under ``no_sync`` (no allreduce: the
-            compute-only step of :mod:`perflab.overlap`).
+            compute-only step of :mod:`perflab.analysis.overlap`).
         straggler: a :class:`StragglerDelay` (the injected straggler), or None.
-        link: the simulated link's state (:func:`perflab.link.register_link_hook`), or
+        link: the simulated link's state (:func:`perflab.distributed.link_hook.register_link_hook`), or
             None; its queue is emptied at the start of the step.
         allreduce: called between the last backward and the optimizer, timed as the
             "wait" phase (the hand-run bucket allreduce of a straggler run), or None.

@@ -6,7 +6,7 @@ checks run the student's code; a phase-timed loop over any batch iterator (Lab 0
 Memory and compile experiments (Labs 04 and 05) measure the model, not the input
 pipeline: a fixed random batch of the configured size makes every measurement
 deterministic (memory bytes do not depend on pixel values) and keeps loader time out
-of compute timings. The model is set up exactly as :func:`perflab.step.build_training`
+of compute timings. The model is set up exactly as :func:`perflab.train.step.build_training`
 sets it up (checkpointing, channels_last, SGD with momentum 0.9); ``torch.compile`` is
 left to the caller.
 """
@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perflab.config import RunConfig
-from perflab.measurement import Measurement
+from perflab.core.config import RunConfig
+from perflab.core.measurement import Measurement
 from perflab.models import tiny_cnn
-from perflab.step import build_model_and_optimizer, train_step
-from perflab.timing import PhaseTimer
+from perflab.train.step import build_model_and_optimizer, train_step
+from perflab.core.timing import PhaseTimer
 
 __all__ = ["NUM_CLASSES", "TrainingParts", "synthetic_batch", "training_parts",
            "pointwise_chain", "pointwise_inputs", "tiny_training", "FakeAsyncDevice",
@@ -75,7 +75,7 @@ class TrainingParts:
 
 
 def training_parts(config: RunConfig, batch_size: int | None = None) -> TrainingParts:
-    """Model and optimizer as :func:`~perflab.step.build_training` makes them, with a
+    """Model and optimizer as :func:`~perflab.train.step.build_training` makes them, with a
     :func:`synthetic_batch` instead of a data loader; seeded by ``config.seed``.
 
     ``config.compile`` is not applied: wrap ``parts.model`` in ``torch.compile`` to
@@ -189,8 +189,8 @@ def train_on_batches(model: nn.Module, optimizer: torch.optim.Optimizer, batches
                      samples_per_step: int) -> dict[str, Measurement]:
     """Train ``warmup + steps`` steps on ``next(batches)`` and time each phase.
 
-    The same loop as :func:`perflab.train.run` (:func:`perflab.step.train_step` with a
-    :class:`~perflab.timing.PhaseTimer`; the data phase is the wait for
+    The same loop as :func:`perflab.experiment.run` (:func:`perflab.train.step.train_step` with a
+    :class:`~perflab.core.timing.PhaseTimer`; the data phase is the wait for
     ``next(batches)``), for a batch source the caller built (Lab 02: the student's
     Dataset, DataLoader and prefetcher).
 

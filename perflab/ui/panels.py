@@ -1,4 +1,4 @@
-"""The lab panels that are not a plain before/after :func:`perflab.widgets.experiment_panel`.
+"""The lab panels that are not a plain before/after :func:`perflab.ui.widgets.experiment_panel`.
 
 * :func:`bucket_panel`, :func:`link_panel` (Lab 06): a DDP run of ``base`` vs another
   ``bucket_cap_mb`` / simulated link preset; each press of Run launches the ranks.
@@ -12,15 +12,15 @@ from __future__ import annotations
 import html
 from typing import Any, Sequence
 
-from perflab.config import RunConfig
-from perflab.figures import figure_to_png
-from perflab.ladder import climb, validate_climb
-from perflab.ladder_report import Ladder
-from perflab.ladder_rungs import RUNGS, naive_config, unavailable
-from perflab.link import SimulatedLink
-from perflab.overlap import run_ddp
-from perflab.result import RunResult
-from perflab.widgets import error_html, experiment_panel
+from perflab.core.config import RunConfig
+from perflab.viz.figures import figure_to_png
+from perflab.ladder.search import climb, validate_climb
+from perflab.ladder.report import Ladder
+from perflab.ladder.rungs import RUNGS, naive_config, unavailable
+from perflab.core.simulated import SimulatedLink
+from perflab.analysis.overlap import run_ddp
+from perflab.core.result import RunResult
+from perflab.ui.widgets import error_html, experiment_panel
 
 __all__ = ["bucket_panel", "link_panel", "ladder_panel"]
 
@@ -38,7 +38,7 @@ def _seed(panel: Any, base: RunConfig, baseline_result: RunResult | None) -> Any
 def bucket_panel(base: RunConfig, choices_mb: Sequence[float] = (1, 5, 25, 100), *,
                  baseline_result: RunResult | None = None):
     """Experiment panel: DDP step of ``base`` vs the same with another ``bucket_cap_mb``
-    (:func:`perflab.widgets.experiment_panel`; each run launches ``base.world_size``
+    (:func:`perflab.ui.widgets.experiment_panel`; each run launches ``base.world_size``
     ranks). ``baseline_result``: ``base`` already measured (rank 0), so a click costs
     one launch instead of two.
 
@@ -54,7 +54,7 @@ def bucket_panel(base: RunConfig, choices_mb: Sequence[float] = (1, 5, 25, 100),
 def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1gbe"), *,
                baseline_result: RunResult | None = None):
     """Experiment panel: DDP step of ``base`` vs the same on another simulated link preset
-    (:data:`perflab.link.LINK_PRESETS`); ``baseline_result`` as in :func:`bucket_panel`.
+    (:data:`perflab.core.simulated.LINK_PRESETS`); ``baseline_result`` as in :func:`bucket_panel`.
 
     Raises:
         ValueError: unknown preset; ``baseline_result`` not measured with ``base``.
@@ -70,13 +70,13 @@ def link_panel(base: RunConfig, presets: Sequence[str] = ("nvlink", "10gbe", "1g
 def ladder_panel(config=None, *, size: str = "tiny", rungs: Sequence[str] | None = None,
                  rounds: int = 1, progress: bool = True, title: str | None = None):
     """The Lab 08 panel: a checkbox per rung, a Run button (class ``perflab-run``) in a
-    ``.perflab-panel``; Run searches the ticked rungs (:func:`perflab.ladder.climb`) and
+    ``.perflab-panel``; Run searches the ticked rungs (:func:`perflab.ladder.search.climb`) and
     shows the waterfall as an ``img.perflab-plot`` with the table below. A rung this
     device cannot run is shown disabled, its reason as the tooltip. Errors show in the
     panel.
 
     Args:
-        config, size, rounds, progress: as :func:`perflab.ladder.climb`.
+        config, size, rounds, progress: as :func:`perflab.ladder.search.climb`.
         rungs: the rungs ticked at first (default all of ``RUNGS``).
         title: heading (default "Optimization ladder").
 
@@ -85,7 +85,7 @@ def ladder_panel(config=None, *, size: str = "tiny", rungs: Sequence[str] | None
         ``.ladder`` is the last climb).
 
     Raises:
-        ValueError: as :func:`perflab.ladder.climb`, before any widget is built.
+        ValueError: as :func:`perflab.ladder.search.climb`, before any widget is built.
     """
     rungs = list(RUNGS if rungs is None else rungs)
     validate_climb(rungs, (), rounds, 0.05)

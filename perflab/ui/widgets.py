@@ -7,8 +7,8 @@ A lab cell says what to turn::
     panel
 
 Pressing Run builds ``base.replace(**knob values)``, runs the baseline once (cached)
-and the variant, then shows :func:`perflab.plots.plot_comparison` as a PNG, the
-:func:`perflab.measurement.compare_table` of the step times, and the test's verdict.
+and the variant, then shows :func:`perflab.viz.plots.plot_comparison` as a PNG, the
+:func:`perflab.core.measurement.compare_table` of the step times, and the test's verdict.
 The run is synchronous (the kernel is busy, so no other cell competes for the cores
 being measured); errors are shown in the panel, never as a traceback dump.
 
@@ -28,14 +28,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as W
 
-from perflab.config import RunConfig
-from perflab.measurement import compare, compare_table
-from perflab.figures import figure_to_png
-from perflab.plots import plot_comparison
-from perflab.result import RunResult, default_results_dir
-from perflab.results import load_results
-from perflab.storage import StorageError, write_atomic
-from perflab.timing import Stopwatch
+from perflab.core.config import RunConfig
+from perflab.core.measurement import compare, compare_table
+from perflab.viz.figures import figure_to_png
+from perflab.viz.plots import plot_comparison
+from perflab.core.result import RunResult
+from perflab.core.paths import default_results_dir
+from perflab.core.result_store import load_results
+from perflab.core.storage import StorageError, write_atomic
+from perflab.core.timing import Stopwatch
 
 __all__ = ["experiment_panel", "ExperimentPanel"]
 
@@ -242,7 +243,7 @@ class ExperimentPanel:
                                         f"({i}/{total}) ...")
         run_fn = self._run_fn
         if run_fn is None:
-            from perflab.train import run as run_fn  # imported late: torch + data stack
+            from perflab.experiment import run as run_fn  # imported late: torch + data stack
         with self.log:
             result = run_fn(config, progress=self._progress_on)
         self.results.append(result)
@@ -368,7 +369,7 @@ def experiment_panel(base: RunConfig, knobs: Mapping[str, Any], *,
         knobs: RunConfig field name -> a list of choices (dropdown) or a ``range`` /
             ``(min, max[, step])`` tuple of ints (slider, max inclusive).
         run_fn: called as ``run_fn(config, progress=bool)`` and returns a RunResult;
-            None -> :func:`perflab.train.run` (which saves each result as JSON).
+            None -> :func:`perflab.experiment.run` (which saves each result as JSON).
         baseline: run ``base`` once (cached across clicks) and compare against it.
         progress: passed to ``run_fn``: tqdm's per-step bar, shown inside the panel.
         title: heading of the panel (default "Experiment").

@@ -1,21 +1,23 @@
-"""Before/after plots of :class:`~perflab.result.RunResult` objects.
+"""Before/after plots of :class:`~perflab.core.result.RunResult` objects.
 
-Every function returns a :class:`perflab.figures.InlineFigure` (shows itself in Jupyter,
-no pyplot) with the fixed per-phase colours of :data:`perflab.figures.PHASE_COLORS`.
+Every function returns a :class:`perflab.viz.figures.InlineFigure` (shows itself in Jupyter,
+no pyplot) with the fixed per-phase colours of :data:`perflab.viz.figures.PHASE_COLORS`.
 """
 from __future__ import annotations
 
 import math
 import textwrap
+from pathlib import Path
 from typing import Sequence
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from perflab.figures import PHASE_COLORS, InlineFigure, new_ax
-from perflab.result import PHASES, RunResult
+from perflab.viz.figures import PHASE_COLORS, InlineFigure, new_ax
+from perflab.core.result import PHASES, RunResult
+from perflab.core.result_store import as_results
 
-__all__ = ["plot_phases", "plot_throughput", "plot_comparison"]
+__all__ = ["plot_phases", "plot_throughput", "plot_comparison", "plot_results"]
 
 _BASELINE_COLOR = "#999999"
 _VARIANT_COLOR = "#0072B2"
@@ -163,3 +165,10 @@ def plot_comparison(results: Sequence[RunResult], title: str | None = None) -> F
                      + (" ..." if len(results) > 3 else ""))
     fig.suptitle(f"{head} {_device_text(results)}", fontsize="large")
     return fig
+
+
+def plot_results(items: Sequence["RunResult | str | Path"], title: str | None = None):
+    """The labs' before/after figure (:func:`perflab.plot_comparison`) of saved results."""
+    from perflab.viz.plots import plot_comparison
+
+    return plot_comparison(as_results(items), title=title)

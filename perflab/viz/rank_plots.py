@@ -1,8 +1,8 @@
 """Plots of data-parallel runs: the per-rank timeline and throughput loss vs prediction.
 
-Figures are built directly (no pyplot), like :mod:`perflab.plots`, and show themselves in
+Figures are built directly (no pyplot), like :mod:`perflab.viz.plots`, and show themselves in
 Jupyter. Colours: compute in the forward-pass blue, waiting in the collective in the
-data-wait vermillion of :data:`perflab.figures.PHASE_COLORS`.
+data-wait vermillion of :data:`perflab.viz.figures.PHASE_COLORS`.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from perflab.figures import PHASE_COLORS, InlineFigure
-from perflab.result import RunResult
+from perflab.viz.figures import PHASE_COLORS, InlineFigure
+from perflab.core.result import RunResult
 
 __all__ = ["plot_rank_timeline", "plot_loss_vs_prediction"]
 

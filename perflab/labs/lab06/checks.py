@@ -2,7 +2,7 @@
 
 * :func:`record_allreduces`: every ``torch.distributed.all_reduce`` a block makes (size,
   dtype, ``async_op``, whether autograd's backward was running), optionally completed no
-  earlier than a :class:`~perflab.link.SimulatedLink` would deliver it;
+  earlier than a :class:`~perflab.core.simulated.SimulatedLink` would deliver it;
 * :func:`bucket_recorder_hook`: a DDP communication hook that records DDP's own buckets
   (``GradBucket.index()``, ``GradBucket.parameters()``) and then allreduces exactly as
   torch's default ``allreduce_hook`` does;
@@ -23,8 +23,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from perflab.link import LinkModel, SimulatedLink
-from perflab.sharding_run import mlp, mlp_batches
+from perflab.core.simulated import LinkModel, SimulatedLink
+from perflab.models import mlp, mlp_batches
 
 __all__ = ["record_allreduces", "bucket_recorder_hook", "compare_rank", "grads_of",
            "GRAD_ATOL", "GRAD_RTOL"]
@@ -61,7 +61,7 @@ def record_allreduces(link: SimulatedLink | None = None) -> Iterator[list[dict[s
     Each record: ``{"numel", "dtype", "nbytes", "async_op", "in_backward"}``
     (``in_backward``: autograd's engine was running a backward pass, read with
     ``torch._C._current_graph_task_id() != -1``). With ``link``, each call is booked on a
-    :class:`~perflab.link.LinkModel` shared by the block's calls and completes no earlier
+    :class:`~perflab.core.simulated.LinkModel` shared by the block's calls and completes no earlier
     than the model says (a synchronous call returns then; an async one's ``wait()``
     does); records then also hold ``"duration_s"`` (the link's time for that message).
     The original function is restored on exit, also when the block raises.

@@ -5,8 +5,8 @@ simulated link, and what a communication hook sends and does to the loss.
 are shown in the lab, never graded: on a shared CPU they move with the load.
 
 Why the link is patched in here: DDP takes a communication hook
-(:func:`perflab.link.register_link_hook`), but a hand-written wrapper calls
-``dist.all_reduce`` itself, so :func:`perflab.ddp_check.record_allreduces` books those
+(:func:`perflab.distributed.link_hook.register_link_hook`), but a hand-written wrapper calls
+``dist.all_reduce`` itself, so :func:`perflab.labs.lab06.checks.record_allreduces` books those
 calls on the same alpha-beta link model and delays their ``wait()`` the same way.
 """
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
-from perflab.ddp_check import compare_rank, record_allreduces
+from perflab.labs.lab06.checks import compare_rank, record_allreduces
 from perflab.distributed.ddp import register_comm_hook
-from perflab.link import SimulatedLink, register_link_hook
-from perflab.overlap import ideal_step_s, overlap_efficiency
-from perflab.sharding_run import mlp, mlp_batches
-from perflab.timing import PerfCounterClock
+from perflab.core.simulated import SimulatedLink
+from perflab.distributed.link_hook import register_link_hook
+from perflab.analysis.overlap import ideal_step_s, overlap_efficiency
+from perflab.models import mlp, mlp_batches
+from perflab.core.timing import PerfCounterClock
 
 __all__ = ["measure_rank", "lab06_rank", "wrapper_table", "WRAPPERS", "HOOKS"]
 
@@ -206,7 +207,7 @@ def lab06_rank(student_module: str, check_args: Sequence[Any], measure_args: Seq
                ) -> dict[str, Any]:
     """Rank body of Lab 06's one launch (process start-up costs seconds, so it happens
     once): ``{"check": compare_rank(student_module, *check_args), "measure":
-    measure_rank(student_module, *measure_args)}``. See :func:`perflab.ddp_check.compare_rank`
+    measure_rank(student_module, *measure_args)}``. See :func:`perflab.labs.lab06.checks.compare_rank`
     and :func:`measure_rank`."""
     return {"check": compare_rank(student_module, *check_args),
             "measure": measure_rank(student_module, *measure_args)}
