@@ -1,7 +1,7 @@
 """Deliberate faults for testing the launcher (STYLE: faults are injected on purpose).
 
 Module-level functions so spawned ranks can import them; used by
-``tests/test_distributed.py`` and usable by hand to see what a failure looks like.
+``tests/distributed/test_distributed.py`` and usable by hand to see what a failure looks like.
 """
 from __future__ import annotations
 

@@ -1,0 +1,102 @@
+"""Run a lab's real check cells on wrong answers: the probe runs the (wrong) student code
+in this process, its facts travel as JSON exactly as in grading, the judge decides.
+
+Used by the tests/labs/test_labNN_checks.py files and tests/labs/test_grading_checks.py.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+
+from perflab.course.checks import JudgeResult, run_judge, split_check
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gid(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+class Lab:
+    """A solution notebook's cells by grade_id, and a namespace its set-up cell ran in."""
+
+    def __init__(self, lab: str) -> None:
+        (self.path,) = sorted((ROOT / "solutions").glob(f"{lab}_*.ipynb"))
+        self.nb = nbformat.read(str(self.path), as_version=4)
+        self.cells = {_gid(c): c.source for c in self.nb.cells if _gid(c)}
+        self.setup = next(c.source for c in self.nb.cells if c.cell_type == "code")
+
+    def namespace(self) -> dict:
+        ns: dict = {"__name__": "__main__"}
+        exec(compile(self.setup, "<setup>", "exec"), ns)
+        return ns
+
+    def run_code(self, ns: dict, source: str, name: str = "<cell>") -> None:
+        exec(compile(source, name, "exec"), ns)
+
+    def verdict(self, ns: dict, code: str, check: str) -> JudgeResult:
+        """Run ``code`` (an answer) in a copy of ``ns``, then the check ``check`` on it."""
+        scope = dict(ns)
+        self.run_code(scope, code)
+        return self.judge(scope, check)
+
+    def solution(self, gid: str) -> str:
+        return self.cells[gid]
+
+    def judge(self, ns: dict, check_gid: str):
+        """Run the check's probe in ``ns`` and its judge on the facts (JSON round trip)."""
+        check = split_check(self.cells[check_gid])
+        if check.probe.strip():
+            try:
+                exec(compile(check.probe, f"<probe {check_gid}>", "exec"), ns)
+            except Exception as e:  # noqa: BLE001 - in grading a probe that raises fails
+                return JudgeResult(False, f"the probe raised {type(e).__name__}: {e}")
+        facts = {n: ns[n] for n in check.names if n in ns}
+        facts = json.loads(json.dumps(facts, default=lambda o: o.tolist() if hasattr(o, "tolist")
+                                      else sorted(o) if isinstance(o, (set, frozenset))
+                                      else repr(o)[:500]))
+        return run_judge(check, facts, name=check_gid)
+
+
+def assert_judge_decides(source: str, right: dict, wrongs: list[tuple[dict, bool]],
+                         name: str) -> None:
+    """The judge of check cell ``source`` passes ``right`` and fails every wrong facts
+    dict with a message, from a hidden test exactly when its flag says so. Facts make
+    the JSON round trip they make in grading."""
+    check = split_check(source)
+    verdict = run_judge(check, json.loads(json.dumps(right)), name=name)
+    assert verdict.passed, verdict.message
+    for wrong, hidden in wrongs:
+        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=name)
+        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
+        assert verdict.message
+
+
+def grade_reference_and_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str, new: str,
+                              wall_timeout_s: float = 1200):
+    """Grade lab ``lab_path`` twice in the sandbox, side by side: as the reference
+    answers, and with ``old`` replaced by ``new`` in answer cell ``gid``.
+
+    Returns:
+        (the reference's grade, {grade_id: check result} of the wrong submission).
+    """
+    import shutil
+
+    from perflab.course.grading import Limits, grade_submissions
+
+    ref, subs = tmp_path / "reference", tmp_path / "subs"
+    ref.mkdir()
+    shutil.copy(lab_path, ref / lab_path.name)
+    (subs / "ref").mkdir(parents=True)
+    shutil.copy(lab_path, subs / "ref" / lab_path.name)
+    nb = nbformat.read(str(lab_path), as_version=4)
+    (cell,) = [c for c in nb.cells if _gid(c) == gid]
+    assert old in cell.source, f"{old!r} is not in answer cell {gid}"
+    cell.source = cell.source.replace(old, new)
+    (subs / "wrong").mkdir()
+    nbformat.write(nb, str(subs / "wrong" / lab_path.name))
+    grades = {g.student: g for g in grade_submissions(
+        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=wall_timeout_s), jobs=2)}
+    return grades["ref"], {c.grade_id: c for c in grades["wrong"].checks}

@@ -1,0 +1,95 @@
+"""Every check cell of solutions/ in the probe / judge format: its judge passes on right
+facts and fails on wrong ones (no kernel: judges run on plain JSON values, as in grading).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.labs.labcheck import assert_judge_decides
+from perflab.course.answers import assemble, autograded
+from perflab.course.checks import split_check
+
+ROOT = Path(__file__).resolve().parents[2]
+INF = math.inf
+
+
+_KNOBS = {"storage_latency_ms": 5.0, "compute_only": False, "model": "resnet18",
+          "image_size": 64, "batch_size": 32, "amp": "off", "device": "cpu", "dataset": "d",
+          "seed": 0, "decoded_cache": "off", "device_prefetch": False, "num_workers": 0}
+
+#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]) for the
+#: checks of labs without their own test file; the labs' own files judge theirs.
+FACTS = {
+    ("00", "check_samples_per_s"): ({"got": [320.0, 32.0, 80.0]},
+                                    [({"got": [3.2, 32.0, 80.0]}, False)]),
+    ("00", "check_throughput"): ({"facts": {"mine": 320.0, "batch_size": 32, "median_s": 0.1}},
+                                 [({"facts": {"mine": 32.0, "batch_size": 32, "median_s": 0.1}}, False)]),
+    ("02", "check_fixed_pipeline"): (
+        {"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "device_prefetch": True}, "slow_knobs": _KNOBS},
+        [({"fixed_knobs": {**_KNOBS, "device_prefetch": True}, "slow_knobs": _KNOBS}, False),
+         ({"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "storage_latency_ms": 0},
+           "slow_knobs": _KNOBS}, False),
+         ({"fixed_knobs": None, "slow_knobs": _KNOBS}, False)]),
+}
+OWN_FACTS = dict(FACTS)
+from tests.labs.test_lab09_checks import FACTS_09  # noqa: E402 - Lab 09's facts live beside its code tests
+
+FACTS.update(FACTS_09)
+from tests.labs.test_lab06_checks import FACTS_06  # noqa: E402 - Lab 06's facts live beside its code tests
+
+FACTS.update(FACTS_06)
+from tests.labs.test_lab07_checks import FACTS_07  # noqa: E402 - Lab 07's facts live beside its code tests
+
+FACTS.update(FACTS_07)
+from tests.labs.test_lab05_checks import FACTS as FACTS_05  # noqa: E402 - Lab 05's facts live beside its code tests
+
+FACTS.update(FACTS_05)
+from tests.labs.test_lab03_checks import FACTS as FACTS_03  # noqa: E402 - Labs 03/04's facts live beside
+from tests.labs.test_lab04_checks import FACTS as FACTS_04  # noqa: E402 - their real-answer tests
+
+FACTS.update(FACTS_03)
+FACTS.update(FACTS_04)
+from tests.labs.test_lab08_checks import FACTS as FACTS_08  # noqa: E402 - Lab 08's facts live beside its tests
+
+FACTS.update(FACTS_08)
+from tests.labs.test_lab01_checks import CHECKS_TESTED as REAL_01  # noqa: E402 - Labs 01/02: judges
+from tests.labs.test_lab02_checks import CHECKS_TESTED as REAL_02  # noqa: E402 - run on real answers' facts
+#: Checks whose wrong answers run through the real probes in their own test files.
+REAL_ANSWERS = {("01", g) for g in REAL_01} | {("02", g) for g in REAL_02}
+
+
+def _checks() -> dict[tuple[str, str], str]:
+    out = {}
+    for path in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        assemble(nb, {})  # every check cell splits
+        for gid in autograded(nb):
+            cell = next(c for c in nb.cells
+                        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid)
+            out[path.name[:2], gid] = cell.source
+    return out
+
+
+CHECKS = _checks()
+
+
+def test_every_check_has_right_and_wrong_facts():
+    # every check grades a student's answer: none only checks the lab's own machinery
+    assert set(CHECKS) == set(FACTS) | REAL_ANSWERS
+
+
+@pytest.mark.parametrize("key", sorted(OWN_FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_judge_passes_right_facts_and_fails_wrong_ones(key):
+    assert_judge_decides(CHECKS[key], *OWN_FACTS[key], name=key[1])
+
+
+def test_no_check_grades_a_live_timing():
+    """The judges read no live clock: none imports time or perflab's timing tools."""
+    for key, src in CHECKS.items():
+        judge = split_check(src).judge
+        for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_"):
+            assert word not in judge, (key, word)
