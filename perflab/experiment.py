@@ -1,10 +1,11 @@
-"""``run(config) -> RunResult``: build data, model and optimizer; time every phase.
+"""``run(config) -> RunResult``: the one place that decides one process or ranks.
 
-The loop is deliberately plain (after nanoGPT's training loop): one
-:func:`perflab.train.step.train_step` per step, wrapped in a :class:`~perflab.core.timing.PhaseTimer`.
-The techniques the labs add (autocast, GradScaler, accumulation, checkpointing, the
-compiled model) live inside that step, so they stay visible. ``world_size > 1`` launches
-the ranks (:mod:`perflab.distributed`), which run the same step under DDP.
+``world_size == 1`` trains in this process (:func:`perflab.train.loop.train_loop`: one
+:func:`perflab.train.step.train_step` per step, each phase timed); ``world_size > 1``
+launches the ranks (:func:`perflab.distributed.launch`), which run the same step under
+DDP. Every caller that runs a config (the notebooks' panels, the CLI, the ladder, the
+overlap analysis) comes through here; this module also checks where results will be
+saved, and that the machine can run the config, before any work starts.
 """
 from __future__ import annotations
 
@@ -13,32 +14,23 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-from tqdm.auto import tqdm
-
 from perflab.core.config import RunConfig
-from perflab.core.env import env_summary
-from perflab.data.prefetch import BatchStream
 from perflab.core.measurement import Measurement
-from perflab.core.memory import PeakMemory, read_peak, reset_peak
-from perflab.core.result import RunResult
+from perflab.core.memory import PeakMemory
 from perflab.core.paths import default_results_dir
+from perflab.core.result import RunResult
 from perflab.core.storage import StorageError, check_writable
-from perflab.train.step import build_training, make_scaler, train_step
-from perflab.core.timing import PhaseTimer, Stopwatch
+from perflab.train.loop import train_loop
 
-__all__ = ["run", "run_interleaved"]
+__all__ = ["run", "run_ranks", "run_interleaved"]
 
 
 def run(config: RunConfig, *, progress: bool = True, save: bool = True,
         results_dir: str | None = None, profiler: Any = None) -> RunResult:
     """Train ``config.warmup_steps + config.steps`` steps and measure each phase.
 
-    Each step is timed (synchronised with the device; CUDA events on GPU) as data-wait
-    (next batch + host-to-device copy, and for a decoded cache the on-device
-    augmentation: see :class:`perflab.data.prefetch.BatchStream`), forward (model + loss),
-    backward and optimizer; the first ``warmup_steps`` are excluded from the statistics.
-    With ``config.compute_only`` the data phase returns one kept batch (the bound).
+    Each step is timed as data-wait, forward, backward and optimizer, warm-up excluded
+    (:func:`perflab.train.loop.train_loop` says how).
 
     Args:
         config: the experiment.
@@ -51,8 +43,9 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
             after every step (used by :func:`perflab.analysis.profiling.profile`).
 
     With ``config.world_size > 1`` the ranks are launched through
-    :func:`perflab.distributed.launch` (each runs this same :func:`train_step` under
-    DDP) and rank 0's result is returned; every rank's result is saved.
+    :func:`perflab.distributed.launch` (each runs this same
+    :func:`~perflab.train.step.train_step` under DDP) and rank 0's result is returned;
+    every rank's result is saved (:func:`run_ranks` returns them all).
 
     Returns:
         The :class:`RunResult` (with ``path`` set when saved).
@@ -63,11 +56,13 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
 
     Raises:
         ValueError: ``config`` is not a RunConfig, ``save`` is not a bool,
-            ``results_dir`` is not writable; bad dataset (all before any training).
+            ``results_dir`` is not writable; this machine cannot run the config
+            (:meth:`RunConfig.check_machine`); bad dataset (all before any training).
         FileNotFoundError: the dataset is missing (before any training starts).
         perflab.distributed.RankFailedError, LaunchTimeoutError: a rank failed (DDP).
     """
     out = _check_destination(config, save, results_dir)
+    config.check_machine()  # a config read back from another machine's result
     if config.world_size > 1:
         if profiler is not None:
             raise ValueError("profiler= profiles one process; for a data-parallel run "
@@ -75,46 +70,36 @@ def run(config: RunConfig, *, progress: bool = True, save: bool = True,
         from perflab.distributed import launch  # the same step on every rank
 
         return launch(config, progress=progress, save=save, results_dir=out)[0]
-    old_threads = torch.get_num_threads()
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    batches = None
-    try:
-        wall = Stopwatch().start()
-        loader, model, optimizer, device = build_training(config)
-        scaler = make_scaler(config, device)
-        was_reset = reset_peak(device)
-        timer = PhaseTimer(device)
-        batches = BatchStream(loader, config, device)
-        losses: list[float] = []
-        total = config.warmup_steps + config.steps
-        bar = tqdm(range(total), desc=config.display_label(), unit="step",
-                   disable=not progress, leave=False)
-        for _ in bar:
-            with timer.step():
-                loss = train_step(model, None, None, optimizer, timer, amp=config.amp,
-                                  scaler=scaler, next_batch=batches.__next__,
-                                  accumulation_steps=config.accumulation_steps)
-            losses.append(float(loss))
-            if profiler is not None:
-                profiler.step()
-        bar.close()
-        peak = read_peak(device, was_reset=was_reset)
-        phases = timer.measurements(warmup=config.warmup_steps,
-                                    samples_per_step=config.samples_per_step,
-                                    label=config.display_label())
-        env = env_summary(config.device, config.dataset).to_dict()
-        env["torch_threads"] = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(old_threads)
-        if batches is not None:
-            batches.close()  # shuts down DataLoader workers now, not at garbage collection
-    result = RunResult(config=config, phases=phases, losses=tuple(losses), peak_memory=peak,
-                       env=env, num_classes=len(loader.dataset.classes),
-                       wall_s=wall.elapsed_s)
+    device = config.resolved_device()  # resolved once; the loop and the step use it
+    result = train_loop(config, device, progress=progress, profiler=profiler)
     _warn_diverged(result)
     return _save_or_keep(result, out) if save else result
 
+
+def run_ranks(config: RunConfig, *, timeout_s: float = 600.0, progress: bool = True,
+              save: bool = True, results_dir: str | None = None) -> list[RunResult]:
+    """Every rank's result: ``[run(config)]`` for ``world_size == 1``, else one
+    :class:`RunResult` per rank (rank order) from :func:`perflab.distributed.launch`.
+
+    Args:
+        config: the experiment.
+        timeout_s: seconds the ranks may take before they are stopped (ranks only).
+        progress, save, results_dir: as :func:`run`.
+
+    Raises:
+        ValueError: as :func:`run`; ``timeout_s`` not > 0.
+        perflab.distributed.RankFailedError, LaunchTimeoutError: a rank failed or ran
+            past ``timeout_s``.
+    """
+    out = _check_destination(config, save, results_dir)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if config.world_size == 1:
+        return [run(config, progress=progress, save=save, results_dir=results_dir)]
+    config.check_machine()
+    from perflab.distributed import launch
+
+    return launch(config, timeout_s=timeout_s, progress=progress, save=save, results_dir=out)
 
 def _check_destination(config: Any, save: Any, results_dir: Any) -> Path | None:
     """Validate what a run will write before it starts; the folder to save in (or None)."""

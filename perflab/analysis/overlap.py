@@ -37,12 +37,12 @@ import numpy as np
 import pandas as pd
 
 from perflab.core.config import RunConfig
-from perflab.distributed import launch
 from perflab.distributed.ddp import check_compression
 from perflab.viz.figures import new_ax
 from perflab.distributed.link_hook import COMPRESSIONS, hook_compression
 from perflab.core.simulated import LinkModel, SimulatedLink
 from perflab.core.result import RunResult
+from perflab.experiment import run
 
 __all__ = ["overlap_efficiency", "ideal_step_s", "machine_bound_s", "last_bucket_s",
            "overlap_metrics", "overlap_table",
@@ -273,14 +273,16 @@ def plot_overlap(table: pd.DataFrame, x: str = "bucket_cap_mb", ax: Any = None,
     return ax.figure
 
 
-def run_ddp(config: RunConfig, *, progress: bool = False, **launch_kwargs: Any) -> RunResult:
-    """Launch ``config`` on ``config.world_size`` ranks and return rank 0's RunResult
-    (the ``run_fn`` of this module's panels: one process start-up per click).
+def run_ddp(config: RunConfig, *, progress: bool = False, **run_kwargs: Any) -> RunResult:
+    """Run ``config`` on ``config.world_size`` ranks through :func:`perflab.experiment.run`
+    and return rank 0's RunResult (the ``run_fn`` of the DDP panels: one process start-up
+    per click).
 
     Raises:
-        ValueError: ``config.world_size < 2``.
+        ValueError: ``config.world_size < 2``; anything :func:`perflab.experiment.run`
+            refuses.
     """
     if config.world_size < 2:
         raise ValueError(f"run_ddp needs world_size >= 2, got {config.world_size}; set "
                          "RunConfig(world_size=2, ...)")
-    return launch(config, progress=progress, **launch_kwargs)[0]
+    return run(config, progress=progress, **run_kwargs)

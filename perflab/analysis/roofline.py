@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import benchmark
 
-from perflab.core.config import DEVICES, resolve_device
+from perflab.core.devices import DEVICES, resolve_device
 from perflab.core.dtypes import LOW_PRECISION_DTYPES
 from perflab.core.env import env_summary
 

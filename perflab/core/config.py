@@ -8,6 +8,7 @@ world_size, ...), each with a default that means "off".
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import os
@@ -17,14 +18,12 @@ from typing import Any, Literal
 
 import torch
 
-from perflab.core.simulated import SimulatedLink
-from perflab.core.simulated import Straggler
+from perflab.core.devices import DEVICES, check_device_support, resolve_device
+from perflab.core.simulated import SimulatedLink, Straggler
 
-__all__ = ["RunConfig", "PRESETS", "resolve_device", "MODELS", "DEVICES", "CACHE_MODES",
-           "COMM_HOOKS"]
+__all__ = ["RunConfig", "PRESETS", "MODELS", "CACHE_MODES", "COMM_HOOKS"]
 
 MODELS = ("resnet18", "tiny")
-DEVICES = ("auto", "cpu", "cuda", "mps")
 AMP_MODES = ("off", "bf16", "fp16")
 CACHE_MODES = ("off", "memory", "mmap")
 #: Largest simulated per-file storage latency accepted (ms): beyond it a run crawls.
@@ -43,32 +42,13 @@ MAX_WORLD_SIZE = 64
 MAX_LR = 100.0
 
 
+#: True while :meth:`RunConfig.from_dict` rebuilds a saved config: the machine checks
+#: (device, dataset folder) wait until a run starts.
+_RESTORING: contextvars.ContextVar[bool] = contextvars.ContextVar("_RESTORING", default=False)
+
 def _real(v: Any) -> bool:
     """A finite int or float, not a bool (``True`` is an int in Python)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` -> CUDA if available, then MPS, then CPU; other names pass through.
-
-    Raises:
-        ValueError: the named device type is not available on this machine.
-    """
-    kind = device.split(":")[0]
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here; "
-                         "use device='auto' or 'cpu'")
-    if kind == "mps" and not (getattr(torch.backends, "mps", None)
-                              and torch.backends.mps.is_available()):
-        raise ValueError(f"device={device!r} but MPS is not available here; "
-                         "use device='auto' or 'cpu'")
-    return torch.device(device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,9 +235,27 @@ class RunConfig:
              f"checkpointing={ckpt!r} needs model='resnet18' (the tiny model has no stages)")
         need(not (isinstance(ckpt, int) and ckpt > 5),
              f"checkpointing={ckpt} segments, but ResNet-18 has 5 stages; use 1..5")
+        need(self.dataset is None or isinstance(self.dataset, (str, os.PathLike)),
+             f"dataset must be None or a folder path (str), got {self.dataset!r}")
+        if not _RESTORING.get():
+            self.check_machine()
+
+    def check_machine(self) -> None:
+        """What this machine must have to run the config: the named device, what it
+        supports (pin_memory, amp, CUDA-graph compile modes) and the dataset folder.
+
+        Run at construction, and again when a run starts (a config read back from a saved
+        result skips it: a result measured on a GPU box loads, lists, compares and plots
+        on a CPU-only machine; :func:`perflab.experiment.run` checks it before any work).
+
+        Raises:
+            ValueError: naming the field and what to use on this machine instead.
+        """
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
         if self.dataset is not None:
-            need(isinstance(self.dataset, (str, os.PathLike)),
-                 f"dataset must be None or a folder path (str), got {self.dataset!r}")
             p = Path(self.dataset).expanduser()
             need(p.is_dir(), f"dataset={self.dataset!r} is not a directory; pass an "
                  "ImageFolder root, or dataset=None for the embedded set (`perflab data`)")
@@ -265,7 +263,7 @@ class RunConfig:
                         or self.compile in ("reduce-overhead", "max-autotune"))
         if needs_device or self.device != "auto":
             dev = resolve_device(self.device)  # raises when the named device is missing
-            self._check_device_support(dev, need)
+            check_device_support(self, dev)
 
     def _check_distributed(self, need: Any) -> None:
         """World size, DDP knobs, simulated link and straggler, each naming the fix."""
@@ -307,20 +305,6 @@ class RunConfig:
              " (its messages are not one allreduce per bucket); use comm_hook 'none', "
              "'fp16' or 'bf16'")
 
-    def _check_device_support(self, dev: torch.device, need: Any) -> None:
-        """Combinations the resolved device cannot run, each naming what to use instead."""
-        need(not self.pin_memory or dev.type == "cuda",
-             f"pin_memory=True needs a CUDA device; on {dev.type} set pin_memory=False")
-        need(self.amp != "fp16" or dev.type == "cuda",
-             f"amp='fp16' needs a CUDA device; on this {dev.type} use amp='bf16' or 'off'")
-        if self.amp == "bf16" and dev.type == "cuda":
-            need(torch.cuda.is_bf16_supported(),
-                 "amp='bf16' needs compute capability >= 8.0; on this GPU use amp='fp16'")
-        need(not (self.amp == "bf16" and dev.type == "mps"),
-             "amp='bf16' is not supported by perflab on MPS; use amp='off'")
-        need(self.compile not in ("reduce-overhead", "max-autotune") or dev.type == "cuda",
-             f"compile={self.compile!r} uses CUDA graphs and needs a CUDA device; on "
-             f"{dev.type} use compile='default' or 'max-autotune-no-cudagraphs'")
 
     # ------------------------------------------------------------------------------------
     @classmethod
@@ -391,14 +375,26 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        """Restore from :meth:`to_dict`; fields unknown to this version are ignored."""
+        """Restore from :meth:`to_dict`; fields unknown to this version are ignored.
+
+        The fields are validated, but not against this machine (:meth:`check_machine`):
+        a config saved on a GPU machine (``device="cuda"``, ``amp="fp16"``) reads back on
+        a CPU-only one, so its result can be shown and compared here.
+
+        Raises:
+            ValueError: a field value no machine could run (as the constructor's).
+        """
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         if isinstance(kw.get("link"), dict):
             kw["link"] = SimulatedLink(**kw["link"])
         if isinstance(kw.get("straggler"), dict):
             kw["straggler"] = Straggler(**kw["straggler"])
-        return cls(**kw)
+        token = _RESTORING.set(True)
+        try:
+            return cls(**kw)
+        finally:
+            _RESTORING.reset(token)
 
 
 #: Named presets. ``tiny``: a smoke test in seconds (browser tests, CI). ``quick``: a

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from perflab.core.config import resolve_device
+from perflab.core.devices import resolve_device
 from perflab.core.paths import EMBEDDED_NAME, dataset_fingerprint, default_data_root
 
 __all__ = ["EnvSummary", "env_summary", "cpu_flags", "bf16_support"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perflab.core.config import resolve_device
+from perflab.core.devices import resolve_device
 from perflab.core.env import bf16_support
 from perflab.core.paths import default_results_dir, source_checkout_root
 

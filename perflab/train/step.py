@@ -204,8 +204,9 @@ def build_model_and_optimizer(config: RunConfig, num_classes: int, device: torch
     return model, optimizer
 
 
-def build_training(config: RunConfig):
-    """Data loader, model and optimizer for ``config``, seeded.
+def build_training(config: RunConfig, device: torch.device | None = None):
+    """Data loader, model and optimizer for ``config``, seeded, on ``device`` (None: the
+    config's resolved device).
 
     The dataset is validated first, before any model work. The model gets
     ``config.checkpointing``, ``channels_last`` and ``torch.compile(mode=...)`` applied
@@ -214,7 +215,7 @@ def build_training(config: RunConfig):
     Returns:
         (loader, model, optimizer, device) with the model on ``device`` in train mode.
     """
-    device = config.resolved_device()
+    device = config.resolved_device() if device is None else device
     torch.manual_seed(config.seed)
     loader = make_loader(config)  # validates the dataset before any model work
     num_classes = len(loader.dataset.classes)

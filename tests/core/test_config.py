@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from perflab.core.config import PRESETS, RunConfig, resolve_device
+from perflab.core.config import PRESETS, RunConfig
+from perflab.core.devices import resolve_device
 
 
 @pytest.mark.parametrize("kwargs, match", [
