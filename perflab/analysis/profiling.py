@@ -163,7 +163,7 @@ def _short(path: str) -> str:
     for marker in ("/site-packages/", "/dist-packages/"):
         if marker in p:
             return p.split(marker)[-1]
-    root = Path(__file__).resolve().parent.parent.as_posix() + "/"
+    root = Path(__file__).resolve().parents[2].as_posix() + "/"
     return p[len(root):] if p.startswith(root) else "/".join(p.split("/")[-2:])
 
 

@@ -42,9 +42,13 @@ MAX_WORLD_SIZE = 64
 MAX_LR = 100.0
 
 
-#: True while :meth:`RunConfig.from_dict` rebuilds a saved config: the machine checks
-#: (device, dataset folder) wait until a run starts.
+#: True while :meth:`RunConfig.from_dict` rebuilds a saved config (no machine checks).
 _RESTORING: contextvars.ContextVar[bool] = contextvars.ContextVar("_RESTORING", default=False)
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
 
 def _real(v: Any) -> bool:
     """A finite int or float, not a bool (``True`` is an int in Python)."""
@@ -170,9 +174,7 @@ class RunConfig:
 
     # ------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
+        need = _need
 
         def whole(name: str, lo: int, hi: int | None, why: str = "") -> None:
             v = getattr(self, name)
@@ -244,21 +246,16 @@ class RunConfig:
         """What this machine must have to run the config: the named device, what it
         supports (pin_memory, amp, CUDA-graph compile modes) and the dataset folder.
 
-        Run at construction, and again when a run starts (a config read back from a saved
-        result skips it: a result measured on a GPU box loads, lists, compares and plots
-        on a CPU-only machine; :func:`perflab.experiment.run` checks it before any work).
+        Run at construction and when a run starts (:func:`perflab.experiment.run`), not
+        when a saved result's config is read back: a GPU box's result loads here.
 
         Raises:
             ValueError: naming the field and what to use on this machine instead.
         """
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
         if self.dataset is not None:
-            p = Path(self.dataset).expanduser()
-            need(p.is_dir(), f"dataset={self.dataset!r} is not a directory; pass an "
-                 "ImageFolder root, or dataset=None for the embedded set (`perflab data`)")
+            _need(Path(self.dataset).expanduser().is_dir(),
+                  f"dataset={self.dataset!r} is not a directory; pass an ImageFolder "
+                  "root, or dataset=None for the embedded set (`perflab data`)")
         needs_device = (self.pin_memory or self.amp != "off"
                         or self.compile in ("reduce-overhead", "max-autotune"))
         if needs_device or self.device != "auto":
@@ -375,15 +372,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        """Restore from :meth:`to_dict`; fields unknown to this version are ignored.
-
-        The fields are validated, but not against this machine (:meth:`check_machine`):
-        a config saved on a GPU machine (``device="cuda"``, ``amp="fp16"``) reads back on
-        a CPU-only one, so its result can be shown and compared here.
-
-        Raises:
-            ValueError: a field value no machine could run (as the constructor's).
-        """
+        """Restore from :meth:`to_dict` (unknown fields ignored), validated but not against
+        this machine (:meth:`check_machine`): a ``device="cuda"`` config reads back on a
+        CPU. Raises ValueError for a value no machine could run."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         if isinstance(kw.get("link"), dict):

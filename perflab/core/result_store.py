@@ -11,12 +11,12 @@ reads them back, so a kernel restart or a closed terminal loses nothing::
     compare_results([a, b])                        # step-time table with 95 % CIs
     plot_results([a, b])                           # the lab's before/after figure
 
-The same from a shell: ``perflab results`` (list), ``perflab results show FILE``,
-``perflab results compare A B ...``, ``perflab results plot A B ... --out fig.png``.
+The same from a shell (:mod:`perflab.cli.results`): ``perflab results`` (list),
+``perflab results show FILE``, ``perflab results compare A B ...``,
+``perflab results plot A B ... --out fig.png``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from perflab.core.result import RunResult
 
 # torch, pandas and matplotlib are imported inside the functions that use them: the CLI
-# builds its parser (add_cli) for every command, `perflab --version` included, and must
-# start in well under a second.
+# (perflab.cli.results) imports this module to build its parser for every command,
+# `perflab --version` included, and must start in well under a second.
 
 __all__ = ["list_results", "load_results", "find_saved", "compare_results", "as_results",
            "RESULT_COLUMNS"]
@@ -195,46 +195,3 @@ def compare_results(items: Sequence["RunResult | str | Path"], *,
 
     results = as_results(items)
     return compare_table([r.step.relabel(r.label) for r in results], baseline=baseline)
-
-
-# -- command line: `perflab results ...` ----------------------------------------------------
-def add_cli(sub: argparse._SubParsersAction) -> None:
-    """Add ``perflab results`` to the CLI's subcommands."""
-    p = sub.add_parser("results", help="list, show, compare and re-plot saved results")
-    p.add_argument("action", nargs="?", default="list",
-                   choices=("list", "show", "compare", "plot"),
-                   help="list (default), show FILE, compare FILES, plot FILES --out PNG")
-    p.add_argument("paths", nargs="*", help="result files or folders (default for list: "
-                   "the results folder)")
-    p.add_argument("--out", help="plot: where to write the PNG (default: comparison.png)")
-    p.set_defaults(fn=cmd_results)
-
-
-def cmd_results(args: argparse.Namespace) -> int:
-    """Run ``perflab results``; returns the exit status."""
-    from perflab.core.paths import default_results_dir
-
-    paths = args.paths or None
-    if args.action == "list":
-        table = list_results(paths)
-        if table.empty:
-            print(f"no saved results in {', '.join(map(str, paths or [default_results_dir()]))}")
-        else:
-            print(table.drop(columns=["path"]).round(2).to_string())
-            print(f"\n{len(table)} results; files: `perflab results show <path>`; newest: "
-                  f"{table.path.iloc[-1]}")
-        for path, why in table.attrs["skipped"].items():
-            print(f"skipped {path}: {why}")
-        return 0
-    if not paths:
-        raise ValueError(f"`perflab results {args.action}` needs result files or folders")
-    if args.action == "show":
-        for r in load_results(paths):
-            print(f"{r.path}\n{r!r}\n{r.phase_table().round(2).to_string()}\n")
-    elif args.action == "compare":
-        print(compare_results(paths).round(3).to_string(index=False))
-    else:
-        out = Path(args.out or "comparison.png")
-        plot_results(paths).savefig(out, dpi=100)
-        print(f"wrote {out}")
-    return 0

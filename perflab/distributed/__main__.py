@@ -11,12 +11,13 @@ rank 0 prints a table of all ranks::
 (multi-node: ``--nnodes N --node_rank i --rdzv_backend c10d --rdzv_endpoint HOST:PORT``,
 ``--nproc_per_node`` = GPUs per node; ``--world-size`` must equal nnodes x nproc).
 Without torchrun it starts the ranks itself with :func:`perflab.distributed.launch`,
-as ``perflab run --world-size N`` does (:func:`perflab.cli.run_ranks`).
+as ``perflab run --world-size N`` does, and prints the same table
+(:func:`perflab.distributed.runs.print_rank_results`).
 
 Flags: every ``RunConfig`` field, as ``perflab run`` takes them
-(:func:`perflab.cli.add_config_flags`); ``--link`` takes a preset name (``1gbe``,
-``10gbe``, ``ib100``, ``nvlink``) and ``--straggler`` takes ``RANK:DELAY_S[:WHERE]``
-(e.g. ``1:0.05:before_forward``).
+(:func:`perflab.core.config_flags.add_config_flags`); ``--link`` takes a preset name
+(``1gbe``, ``10gbe``, ``ib100``, ``nvlink``) and ``--straggler`` takes
+``RANK:DELAY_S[:WHERE]`` (e.g. ``1:0.05:before_forward``).
 """
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ import os
 import sys
 from datetime import timedelta
 
-from perflab.cli import (add_config_flags, config_from_args, parse_straggler, run_ranks,
-                         summary_table)
+from perflab.core.config_flags import add_config_flags, config_from_args
+from perflab.distributed.runs import print_rank_results
 
-__all__ = ["main", "build_parser", "parse_straggler", "summary_table"]
+__all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +78,23 @@ def _torchrun_rank(config, *, timeout_s: float, progress: bool, save: bool) -> i
     finally:
         dist.destroy_process_group()
     if result.rank == 0:
-        print(f"{config.display_label()}: {world_size} ranks, backend {backend}")
-        print(summary_table(gathered).to_string())
+        print_rank_results(config, gathered)
+    return 0
+
+
+def _launch_ranks(config, *, timeout_s: float, progress: bool, save: bool) -> int:
+    """Not under torchrun: start ``config.world_size`` local ranks
+    (:func:`perflab.distributed.launch`) and print one row per rank; 1 (message on
+    stderr) when a rank failed or timed out."""
+    from perflab.distributed import launch  # looked up per call (tests replace it)
+    from perflab.distributed.launch import LaunchTimeoutError, RankFailedError
+
+    try:
+        results = launch(config, timeout_s=timeout_s, progress=progress, save=save)
+    except (RankFailedError, LaunchTimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print_rank_results(config, results)
     return 0
 
 
@@ -91,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if "RANK" not in os.environ:  # not under torchrun: start the ranks here
-        return run_ranks(config, timeout_s=args.timeout_s, progress=not args.quiet,
-                         save=not args.no_save)
+        return _launch_ranks(config, timeout_s=args.timeout_s, progress=not args.quiet,
+                             save=not args.no_save)
     return _torchrun_rank(config, timeout_s=args.timeout_s, progress=not args.quiet,
                           save=not args.no_save)
 

@@ -3,7 +3,9 @@
 Each launch starts fresh processes (spawn, import torch, rendezvous): seconds of
 start-up that :func:`launch` reports as ``extra["launch_overhead_s"]``.
 :func:`launch_sweep` pays it once for several configs (e.g. a straggler delay sweep):
-the same ranks run every config in turn.
+the same ranks run every config in turn. :func:`summary_table` and
+:func:`print_rank_results` show one row per rank: what ``perflab run --world-size N``
+and ``python -m perflab.distributed`` print.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from perflab.core.paths import default_results_dir
 from perflab.core.storage import check_writable, write_atomic
 from perflab.core.timing import Stopwatch
 
-__all__ = ["launch", "launch_sweep", "sweep_worker"]
+__all__ = ["launch", "launch_sweep", "sweep_worker", "summary_table",
+           "print_rank_results"]
 
 
 def launch(config: RunConfig, world_size: int | None = None, *, timeout_s: float = 600,
@@ -161,3 +164,30 @@ def launch_sweep(configs: Sequence[RunConfig], world_size: int | None = None, *,
             if r.path:  # saved by its rank already: add the overhead to the file
                 write_atomic(r.path, json.dumps(r.to_dict(), indent=1))
     return [[rank_results[i] for rank_results in per_rank] for i in range(len(configs))]
+
+
+def summary_table(results: Sequence[RunResult]):
+    """One row per rank: step, compute, comm medians (ms), samples/s, delay (ms).
+
+    Args:
+        results: one data-parallel RunResult per rank (as :func:`launch` returns them).
+
+    Returns:
+        A ``pandas.DataFrame`` indexed by rank, rounded to 2 decimals.
+    """
+    import pandas as pd
+
+    rows = [{"rank": r.rank, "step_ms": r.step.median * 1e3,
+             "compute_ms": r.phases["compute"].median * 1e3,
+             "comm_ms": r.phases["comm"].median * 1e3,
+             "samples_per_s": r.samples_per_s,
+             "delay_ms": r.extra["delay_s"] * 1e3} for r in results]
+    return pd.DataFrame(rows).set_index("rank").round(2)
+
+
+def print_rank_results(config: RunConfig, results: Sequence[RunResult]) -> None:
+    """Print ``"<label>: N ranks, backend B"`` and :func:`summary_table` of ``results``:
+    what ``perflab run --world-size N`` and ``python -m perflab.distributed`` show."""
+    print(f"{config.display_label()}: {config.world_size} ranks, backend "
+          f"{results[0].extra.get('backend', '?')}")
+    print(summary_table(results).to_string())

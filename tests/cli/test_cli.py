@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import perflab
-from perflab.cli import DDP_FIELDS, config_from_args, main
+from perflab.cli import main
+from perflab.core.config_flags import DDP_FIELDS, config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +94,7 @@ def test_version(capsys):
 def test_version_falls_back_to_the_installed_metadata(monkeypatch):
     import importlib.metadata
 
-    from perflab.cli import perflab_version
+    from perflab.cli.app import perflab_version
 
     monkeypatch.delattr(perflab, "__version__")
     assert perflab_version() == importlib.metadata.version("perflab")
@@ -165,7 +166,7 @@ def test_profile_does_not_take_ddp_flags(capsys):
 
 @pytest.mark.parametrize("command", ["perflab run", "python -m perflab.distributed"])
 @pytest.mark.parametrize("error", ["failed", "timeout"])
-def test_a_failed_launch_is_reported(command, error, monkeypatch, capsys):
+def test_a_failed_launch_is_reported(command, error, monkeypatch, capsys, results_dir):
     import perflab.distributed
     from perflab.distributed import __main__ as ddp_main
     from perflab.distributed.launch import LaunchTimeoutError, RankFailedError
@@ -208,13 +209,41 @@ def test_run_with_world_size_runs_the_ranks(tiny_dataset, tmp_path):
 
 
 def test_distributed_entry_point_shares_the_cli_flags():
-    import perflab.cli as cli
     from perflab.distributed import __main__ as ddp_main
 
-    assert ddp_main.parse_straggler is cli.parse_straggler
-    assert ddp_main.summary_table is cli.summary_table
+    assert ddp_main.config_from_args is config_from_args
     args = ddp_main.build_parser().parse_args(["--world-size", "2", "--link", "ib100"])
     assert config_from_args(args).link.name == "ib100"
+
+
+@pytest.mark.parametrize("command", ["perflab run", "python -m perflab.distributed"])
+def test_run_and_the_distributed_entry_point_print_the_same_rank_table(command, monkeypatch,
+                                                                       capsys, results_dir):
+    """Both print one row per rank with perflab.distributed.runs.print_rank_results;
+    `perflab run` gets the ranks' results from perflab.experiment.run_ranks."""
+    import dataclasses
+
+    import perflab.distributed
+    import perflab.experiment
+    from perflab.core.config import RunConfig
+    from perflab.distributed import __main__ as ddp_main
+    from tests.synthetic import synthetic_result
+
+    def fake_results(config, **kw):
+        assert config.world_size == 2 and kw["timeout_s"] == 30.0 and kw["save"] is False
+        r = synthetic_result(RunConfig(model="tiny", world_size=2),
+                             {"compute": 2.0, "comm": 1.0})
+        return [dataclasses.replace(r, rank=rank, extra={"backend": "gloo", "delay_s": 0.0})
+                for rank in range(2)]
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(perflab.experiment, "run_ranks", fake_results)
+    monkeypatch.setattr(perflab.distributed, "launch", fake_results)
+    flags = ["--model", "tiny", "--world-size", "2", "--timeout-s", "30", "--no-save"]
+    rc = main(["run", *flags]) if command == "perflab run" else ddp_main.main(flags)
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "2 ranks, backend gloo" in out and "compute_ms" in out and "delay_ms" in out
 
 
 # -- perflab labs, perflab kernel install ----------------------------------------------

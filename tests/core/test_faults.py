@@ -314,12 +314,12 @@ def test_launch_refuses_a_timeout_that_is_not_a_finite_positive_number(timeout_s
 ])
 def test_run_refuses_a_bad_destination_before_training(tiny_dataset, monkeypatch, kwargs,
                                                        match):
-    import perflab.experiment as train_mod
+    import perflab.train.loop as loop_mod
 
     def must_not_build(*a, **k):
         raise AssertionError("training started before the destination was checked")
 
-    monkeypatch.setattr(train_mod, "build_training", must_not_build)
+    monkeypatch.setattr(loop_mod, "build_training", must_not_build)
     with pytest.raises(ValueError, match=match):
         run(_tiny(tiny_dataset), progress=False, **kwargs)
 
@@ -366,7 +366,7 @@ def test_perflab_data_with_a_file_as_root_is_an_error_not_a_traceback(tmp_path, 
 
 def test_ctrl_c_in_a_cli_command_says_where_results_are_and_exits_130(monkeypatch, capsys,
                                                                       results_dir):
-    import perflab.core.result_store as results_mod
+    import perflab.cli.results as results_mod
     from perflab.cli import main
 
     def interrupted(args):

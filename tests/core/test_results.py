@@ -7,8 +7,9 @@ import json
 import pytest
 
 from perflab import RunConfig
+from perflab.cli.results import add_parser as add_results_parser
 from perflab.core.result_store import (
-    add_cli, compare_results, find_saved, list_results, load_results,
+    compare_results, find_saved, list_results, load_results,
 )
 from perflab.viz.plots import plot_results
 from tests.synthetic import synthetic_result
@@ -67,7 +68,7 @@ def test_find_saved_matches_the_exact_config_on_this_device(two):
 def test_cli_lists_shows_compares_and_plots(two, capsys, tmp_path):
     folder, a, b = two
     parser = argparse.ArgumentParser()
-    add_cli(parser.add_subparsers(dest="command"))
+    add_results_parser(parser.add_subparsers(dest="command"))
 
     def cli(*argv):
         args = parser.parse_args(["results", *argv])

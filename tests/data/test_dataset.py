@@ -138,7 +138,7 @@ def test_default_data_root(monkeypatch, tmp_path):
     monkeypatch.setenv("PERFLAB_DATA", str(tmp_path))
     assert default_data_root() == tmp_path
     monkeypatch.delenv("PERFLAB_DATA")
-    repo = Path(dataset.__file__).resolve().parent.parent
+    repo = Path(dataset.__file__).resolve().parents[2]
     expected = repo / "data" if (repo / "pyproject.toml").is_file() else \
         Path.home() / ".cache" / "perflab" / "data"
     assert default_data_root() == expected

@@ -21,7 +21,8 @@ from perflab.core.config import RunConfig
 from perflab.distributed import (LaunchTimeoutError, RankFailedError, launch, launch_fn,
                                  launch_sweep)
 from perflab.distributed import faults
-from perflab.distributed.__main__ import main, parse_straggler
+from perflab.core.config_flags import parse_straggler
+from perflab.distributed.__main__ import main
 from perflab.distributed.ddp import check_ddp_config
 from perflab.distributed.launch import _innermost_frame
 from perflab.viz.rank_plots import plot_loss_vs_prediction, plot_rank_timeline
