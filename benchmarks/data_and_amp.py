@@ -9,7 +9,7 @@ machine hits both sides of each ratio alike):
    workers for each, and the fixed pipeline (decoded uint8 cache, augmentation batched
    in torch, device prefetch; a persistent worker on a GPU). Target: fixed >= 97 % of
    the bound (one-sided Mann-Whitney tests on the pooled steps, above / below 97 %).
-2. The worker sweep on the slow-storage case (perflab.data.loader.sweep_loader).
+2. The worker sweep on the slow-storage case (perflab.analysis.loader_tuning.sweep_loader).
 3. bf16 autocast vs fp32 step time at each image size (speedup, 95 % CI, Mann-Whitney
    p), and loss parity over the same seed and batches (first-step, max and mean
    |loss diff|, and the max difference of 5-step moving averages; lr 0.01).

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import nbformat
 
-from perflab.course.grading import Limits, grade_submissions
+from perflab.course.grading import grade_submissions
+from perflab.course.submission import Limits
 from perflab.course.sandbox import sandbox_status
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,9 +1,9 @@
 """Record the allreduce sweep Lab 06's alpha-beta exercise fits (a shipped recording).
 
 Two gloo ranks on this machine (one thread each) time an allreduce of 1 KiB .. 64 MiB
-(perflab.SWEEP_SIZES_BYTES, 5 repeats after 2 warm-ups, median of the ranks' mean) on the
+(perflab.analysis.collectives.SWEEP_SIZES_BYTES, 5 repeats after 2 warm-ups, median of the ranks' mean) on the
 real loopback backend and through a simulated slow link (alpha = 10 ms, 1 Gbit/s), in
-one launch (perflab.allreduce_sweep). The result, with the machine it was measured on,
+one launch (perflab.analysis.collectives.allreduce_sweep). The result, with the machine it was measured on,
 is written to perflab/recordings/allreduce_sweep_gloo2.json. Seeded (torch.manual_seed)
 although an allreduce's time does not depend on the values sent.
 

@@ -88,7 +88,7 @@ def list_results(where: str | Path | Sequence[str | Path] | None = None) -> "pd.
 
     Args:
         where: a folder, a file, or a list of them; None -> the results folder
-            (:func:`perflab.default_results_dir`).
+            (:func:`perflab.core.paths.default_results_dir`).
 
     Returns:
         One row per result, oldest first, columns :data:`RESULT_COLUMNS` (step time in
@@ -186,7 +186,8 @@ def as_results(items: Sequence["RunResult | str | Path"]) -> "list[RunResult]":
 
 def compare_results(items: Sequence["RunResult | str | Path"], *,
                     baseline: int = 0) -> "pd.DataFrame":
-    """:func:`perflab.compare_table` of the step times of saved (or in-memory) results.
+    """:func:`~perflab.core.measurement.compare_table` of the step times of saved (or
+    in-memory) results.
 
     Raises:
         ValueError: no results, or one with fewer than 2 measured steps.

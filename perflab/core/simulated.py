@@ -193,7 +193,7 @@ class LinkModel:
     bandwidth, so a fit of ``T = alpha + n / beta_alg`` over message sizes recovers
     ``alpha`` and ``beta_alg = beta * p / (2(p-1))`` (= beta for p = 2); nccl-tests'
     bus bandwidth ``busbw = algbw * 2(p-1)/p`` undoes the factor
-    (:func:`perflab.analysis.collectives.bus_bandwidth`). Hockney (1994) for alpha-beta.
+    (:func:`perflab.analysis.collectives.busbw_bytes_per_s`). Hockney (1994) for alpha-beta.
 
     Args:
         link: the :class:`SimulatedLink` (alpha_s, beta_bytes_per_s).

@@ -153,7 +153,7 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
     Flagged: importing :data:`BLOCKED_MODULES`; using :data:`BLOCKED_NAMES` (which
     covers IPython magics and ``!`` shell lines, which run through ``get_ipython()``);
     reading :data:`BLOCKED_ATTRS` (frames, globals, subclasses, file writes); assigning
-    an attribute of a module (``torch.x = ...``, ``perflab.f = ...``); ``open`` for
+    an attribute of a module (``torch.x = ...``, ``perflab.run = ...``); ``open`` for
     writing. ``allow`` entries exempt flags whose key equals them or starts with them
     (``"import os"``, ``"module attribute torch.backends"``).
 
@@ -279,7 +279,8 @@ def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
 
 
 def allowances(reference: nbformat.NotebookNode) -> dict[str, tuple[str, ...]]:
-    """``answer grade_id -> allow`` entries from solution-cell metadata ``perflab.allow``."""
+    """``answer grade_id -> allow`` entries from solution cells' metadata
+    ``["perflab"]["allow"]``."""
     return {_nbg(c)["grade_id"]: tuple(c.metadata.get("perflab", {}).get("allow", []))
             for c in reference.cells if _nbg(c).get("solution") and _nbg(c).get("grade_id")}
 

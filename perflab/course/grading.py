@@ -6,19 +6,10 @@ two-digit prefix of the file name)::
     SUBMISSIONS/<student>/NN_*.ipynb      e.g. submissions/ada/01_profile_resnet18.ipynb
     REFERENCE/NN_*.ipynb                  the solution notebooks (solutions/)
 
-A submission runs arbitrary Python, so for each notebook :func:`grade_notebook`
-
-1. keeps only the student's *answers* (solution cells, by ``grade_id``), scans them for
-   reaches into the machinery (:func:`perflab.course.answers.scan_answer`), and puts them
-   into the reference notebook's own cells; each check cell becomes its *probe*, cells
-   tagged ``grading-skip`` are left out (:func:`perflab.course.answers.assemble`);
-2. runs that notebook under nbval in a bubblewrap sandbox (:mod:`perflab.course.sandbox`:
-   read-only file system, no network, own namespaces, limits; the reference and other
-   submissions out of sight); a pytest plugin inside reports each cell on a file
-   descriptor the kernel cannot reach (:mod:`perflab.course.nbval_channel`);
-3. judges each check *outside* the sandbox on the facts its probe reported
-   (:func:`perflab.course.checks.run_judge`). A check earns its points when its probe ran,
-   reported its facts once, the judge passed, and no answer before it was flagged.
+A submission runs arbitrary Python: each notebook is graded on its own in a sandbox by
+:func:`perflab.course.submission.grade_notebook` (answers into the reference, nbval in
+the sandbox, verdicts judged outside), giving a
+:class:`~perflab.course.submission.LabGrade`.
 
 :func:`grade_submissions` grades a whole folder (``jobs`` sandboxes in parallel), calling
 back as each student finishes so ``scores.csv`` grows row by row
@@ -27,13 +18,7 @@ back as each student finishes so ``scores.csv`` grows row by row
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
-import re
-import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,297 +26,14 @@ from typing import Callable, Literal
 
 import nbformat
 
-from perflab.course.answers import (SKIP_TAG, Flag, allowances, answers_of, assemble,
-                                    autograded, scan_answer, written_answers)
-from perflab.course.checks import parse_facts, run_judge
-from perflab.course.sandbox import SandboxLimits, run_sandboxed, sandbox_status
+from perflab.course.answers import assemble, autograded
+from perflab.course.sandbox import sandbox_status
+# Limits, LabGrade, lab_key and autograded stay importable from here (the grade command
+# and the report import them with grade_submissions).
+from perflab.course.submission import (LabGrade, Limits, error_grade, grade_notebook,
+                                       hideable, lab_key)
 
-__all__ = ["Limits", "CheckResult", "LabGrade", "lab_key", "autograded", "grade_notebook",
-           "grade_submissions", "reference_notebooks"]
-
-_LAB_NAME = re.compile(r"^(\d\d)_.*\.ipynb$")
-_LOG_TAIL = 200_000
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Limits:
-    """Limits on one submitted notebook's run. Every value must be finite and > 0."""
-
-    cell_timeout_s: float = 600.0
-    """nbval's per-cell timeout, seconds: a cell running longer ends the run."""
-    wall_timeout_s: float = 1800.0
-    """Wall-clock limit of the whole notebook, seconds; the sandbox is killed after it."""
-    memory_gib: float | None = 8.0
-    """Address-space limit (RLIMIT_AS) of each process, GiB; None: no limit. CUDA maps
-    far more virtual memory than it uses: grade GPU labs with None."""
-    nproc: int = 256
-    """Processes and threads the submission may have at once (RLIMIT_NPROC)."""
-    cpu_s: float | None = None
-    """CPU seconds per process (RLIMIT_CPU); None: ``wall_timeout_s``."""
-
-    def __post_init__(self) -> None:
-        for name in ("cell_timeout_s", "wall_timeout_s", "memory_gib", "nproc", "cpu_s"):
-            v = getattr(self, name)
-            if v is None and name in ("memory_gib", "cpu_s"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or v <= 0:
-                raise ValueError(f"{name} must be a finite number > 0"
-                                 + (" (or None for no limit)" if name in ("memory_gib", "cpu_s")
-                                    else "") + f", got {v!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckResult:
-    """One graded check of one submission."""
-
-    grade_id: str
-    max_points: float
-    points: float
-    status: Literal["passed", "failed", "not run", "flagged"]
-    message: str = ""
-    """For the instructor: the full message (hidden tests and reference values too)."""
-    hidden: bool = False
-    """The failure came from a hidden test: the student sees only that one failed."""
-
-
-@dataclasses.dataclass
-class LabGrade:
-    """One student's result for one lab; ``error`` says why nothing could be run."""
-
-    student: str
-    lab: str
-    notebook: Path | None
-    checks: list[CheckResult]
-    error: str = ""
-    wall_s: float = 0.0
-    log: str = ""
-    flags: list[Flag] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
-    sandboxed: bool = True
-    warning: str = ""
-    written: list[dict] = dataclasses.field(default_factory=list)
-    """The student's written answers (see :func:`perflab.course.answers.written_answers`)."""
-
-    @property
-    def points(self) -> float:
-        return sum(c.points for c in self.checks)
-
-    @property
-    def max_points(self) -> float:
-        return sum(c.max_points for c in self.checks)
-
-
-def lab_key(path: str | Path) -> str | None:
-    """The lab number ``"NN"`` of a notebook named ``NN_*.ipynb``, else None."""
-    m = _LAB_NAME.match(Path(path).name)
-    return m.group(1) if m else None
-
-
-def _error_grade(student: str, lab: str, notebook: Path | None, graded: dict[str, float],
-                 error: str) -> LabGrade:
-    checks = [CheckResult(gid, pts, 0.0, "not run", error) for gid, pts in graded.items()]
-    return LabGrade(student, lab, notebook, checks, error=error)
-
-
-def _records(path: Path) -> tuple[list[dict], int]:
-    """The channel's JSON records, and how many lines were not JSON (a grader bug)."""
-    out, bad = [], 0
-    if not path.exists():
-        return out, bad
-    for ln in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(ln)
-            if isinstance(rec, dict):
-                out.append(rec)
-                continue
-        except ValueError:
-            pass
-        bad += 1 if ln.strip() else 0
-    return out, bad
-
-
-def _tail(path: Path) -> str:
-    if not path.exists():
-        return ""
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - _LOG_TAIL))
-        return f.read().decode("utf-8", errors="replace")
-
-
-#: How the sandbox starts pytest. jsonschema (under nbformat, under nbval) imports
-#: rfc3987_syntax when it is installed, only to validate IRI formats that notebooks never
-#: use; building its grammar costs 1-6 s per process on a loaded 2-core machine, so the
-#: grading run does without it.
-_PYTEST_BOOT = ("import sys; sys.modules['rfc3987_syntax'] = None; import pytest; "
-                "sys.exit(pytest.main(sys.argv[1:]))")
-
-#: The course's own solutions folder, hidden even when grading against another reference.
-_SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
-
-
-def _hideable(*paths: Path) -> list[Path]:
-    """The paths that exist and can be hidden without hiding what the notebook needs
-    (Python, the venv, perflab, the data): never one of their folders or parents."""
-    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
-              Path(__file__).resolve().parents[1], Path("/tmp")]
-    out = []
-    for p in paths:
-        p = Path(p).resolve()
-        if not p.exists() or p == Path("/") or any(n == p or p in n.parents for n in needed):
-            continue
-        if p not in out:
-            out.append(p)
-    return out
-
-
-def _env(scratch: Path, fd: int, threads: int | None) -> dict[str, str]:
-    # No PYTHONSAFEPATH: the pytest process runs with -P (a file in scratch cannot shadow
-    # pytest, nbval or the channel plugin), but the kernel inherits this environment, and
-    # IPython >= 9 honours PYTHONSAFEPATH by leaving the notebook's folder off sys.path:
-    # the labs' %%writefile modules (Lab 06's MyDDP, Lab 07's detector, Lab 09's ZeRO-1)
-    # would not import, as they do in a student's Jupyter. Verdicts are judged outside.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch / "home"),
-           "LANG": "C.UTF-8", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
-           "MPLCONFIGDIR": str(scratch / "home" / ".mpl"),
-           "PERFLAB_RESULTS": str(scratch / "results"), "PERFLAB_VERDICT_FD": str(fd),
-           "JUPYTER_PLATFORM_DIRS": "1"}
-    for k in ("PERFLAB_PRESET", "CUDA_VISIBLE_DEVICES"):
-        if k in os.environ:
-            env[k] = os.environ[k]
-    from perflab.core.paths import default_data_root
-
-    env["PERFLAB_DATA"] = str(default_data_root().resolve())  # HOME differs in the sandbox
-    if threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    return env
-
-
-def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str = "",
-                   limits: Limits = Limits(), sanitize: str | Path | None = None,
-                   sandbox: Literal["auto", "bwrap", "none"] = "auto",
-                   hide: tuple[Path, ...] = (), slot: int = 0, threads: int | None = None,
-                   skip_tag: str = SKIP_TAG,
-                   reference: nbformat.NotebookNode | None = None) -> LabGrade:
-    """Grade one submitted notebook against its reference notebook.
-
-    Args:
-        path: the submitted notebook.
-        reference_path: the reference (solution) notebook; read once by the caller and
-            passed as ``reference`` in batches, so a submission cannot change it.
-        student: the name on the grade.
-        limits: time, memory and process limits of the run.
-        sanitize: ignored (outputs are no longer compared; kept for old callers).
-        sandbox: ``"bwrap"`` requires bubblewrap; ``"auto"`` falls back to a plain
-            subprocess with a loud warning in ``LabGrade.warning``; ``"none"`` never
-            sandboxes.
-        hide: more host folders to make invisible in the sandbox (the reference folder,
-            the submissions folder and this lab's reference are always hidden).
-        slot: parallel slot (an unprivileged uid per slot when running as root).
-        threads: CPU threads for the notebook (OMP_NUM_THREADS); None: the default.
-        skip_tag: cells with this tag do not run.
-
-    Returns:
-        A :class:`LabGrade`. Never raises for anything the submission does: an
-        unreadable file or a broken run is a grade with ``error`` set.
-
-    Raises:
-        ValueError: the reference notebook is malformed (instructor error).
-        RuntimeError: ``sandbox="bwrap"`` and bubblewrap does not work here.
-    """
-    del sanitize
-    path, reference_path = Path(path), Path(reference_path)
-    if reference is None:
-        reference = nbformat.read(str(reference_path), as_version=4)
-    graded = autograded(reference)
-    lab = lab_key(reference_path) or reference_path.stem
-    try:
-        submission = nbformat.read(str(path), as_version=4)
-        if not isinstance(submission.get("cells"), list):
-            raise ValueError("it has no list of cells")
-        answers, notes = answers_of(submission, reference)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the student's error row
-        return _error_grade(student, lab, path, graded,
-                            f"{path.name} is not a valid notebook ({type(e).__name__}: "
-                            f"{str(e)[:200]}); nothing was run")
-    allow = allowances(reference)
-    flags = [f for gid, src in answers.items() for f in scan_answer(gid, src, allow.get(gid, ()))]
-    assembled = assemble(reference, answers, skip_tag=skip_tag)
-    grade = LabGrade(student, lab, path, [], flags=flags, notes=notes,
-                     written=written_answers(submission, reference))
-    with tempfile.TemporaryDirectory(prefix="perflab-grade-") as tmp:
-        tmp = Path(tmp)
-        tmp.chmod(0o711)  # bwrap, as the slot's uid, must reach scratch/ to bind it
-        scratch = tmp / "scratch"
-        (scratch / "home").mkdir(parents=True)
-        nb_path = scratch / reference_path.name
-        nbformat.write(assembled.notebook, str(nb_path))
-        ini = scratch / "pytest.ini"
-        ini.write_text("[pytest]\n")  # keep any project's addopts/conftest out of the run
-        channel = tmp / "channel.jsonl"
-        fd = os.open(channel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        cmd = [sys.executable, "-P", "-c", _PYTEST_BOOT, str(nb_path), "-c", str(ini),
-               "--rootdir", str(scratch), "-p", "nbval", "-p", "perflab.course.nbval_channel",
-               "-p", "no:cacheprovider", "-q", "--color=no", "--nbval-lax",
-               "--nbval-current-env", f"--nbval-cell-timeout={limits.cell_timeout_s:g}"]
-        hidden = _hideable(reference_path.resolve().parent, tmp.parent, _SOLUTIONS, *hide)
-        try:
-            run = run_sandboxed(
-                cmd, scratch=scratch, env=_env(scratch, fd, threads), log_path=tmp / "log.txt",
-                hide=hidden, pass_fds=[fd], slot=slot,
-                mode=sandbox, limits=SandboxLimits(
-                    wall_timeout_s=limits.wall_timeout_s, memory_gib=limits.memory_gib,
-                    cpu_s=limits.cpu_s, nproc=limits.nproc))
-        finally:
-            os.close(fd)
-        records, bad = _records(channel)
-        grade.log = _tail(tmp / "log.txt")
-    grade.wall_s, grade.sandboxed, grade.warning = run.wall_s, run.sandboxed, run.warning
-    if bad:
-        grade.notes.append(f"{bad} line(s) of the verdict channel were not JSON (ignored)")
-    _score(grade, assembled, graded, records, run.timed_out, limits)
-    return grade
-
-
-def _score(grade: LabGrade, assembled, graded: dict[str, float], records: list[dict],
-           hit_wall: bool, limits: Limits) -> None:
-    by_probe = {}
-    for r in records:
-        if r.get("probe") and r["probe"] not in by_probe:
-            by_probe[r["probe"]] = r
-    stop = next((r for r in records if r.get("stopped")), None)
-    why_not_run = (f"not run: code cell {stop['cell_num'] + 1} ({stop['first_line']!r}) "
-                   f"stopped the notebook: {stop['message']}" if stop else
-                   f"not run: the notebook's wall-clock limit ({limits.wall_timeout_s:g} s) "
-                   "was reached" if hit_wall else
-                   "not run: the notebook stopped before this check (see the log)")
-    flagged_by: dict[str, Flag] = {}
-    for f in grade.flags:
-        for gid in assembled.after.get(f.grade_id, []):
-            flagged_by.setdefault(gid, f)
-    for gid, pts in graded.items():
-        r = by_probe.get(gid)
-        if gid in flagged_by:
-            f = flagged_by[gid]
-            grade.checks.append(CheckResult(
-                gid, pts, 0.0, "flagged", f"0 points: answer {f.grade_id!r} line {f.line} "
-                f"reaches into the machinery ({f.key}); the instructor will review it"))
-        elif r is None or r.get("outcome") == "skipped":
-            grade.checks.append(CheckResult(gid, pts, 0.0, "not run", why_not_run))
-        elif r.get("outcome") != "passed":
-            grade.checks.append(CheckResult(gid, pts, 0.0, "failed", str(r.get("message", ""))))
-        else:
-            facts, why = parse_facts("\n".join(r.get("facts_lines", [])))
-            if facts is None:
-                if len(r.get("facts_lines", [])) > 1:
-                    grade.flags.append(Flag(gid, 0, "forged fact lines in the check's output"))
-                grade.checks.append(CheckResult(gid, pts, 0.0, "failed", why))
-                continue
-            verdict = run_judge(assembled.checks[gid], facts, name=gid)
-            grade.checks.append(CheckResult(gid, pts, pts if verdict.passed else 0.0,
-                                            "passed" if verdict.passed else "failed",
-                                            verdict.message, verdict.hidden))
+__all__ = ["grade_submissions", "reference_notebooks"]
 
 
 def reference_notebooks(reference_dir: Path) -> dict[str, Path]:
@@ -409,7 +111,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
     ref_nbs = {lab: nbformat.read(str(refs[lab]), as_version=4) for lab in wanted}
     for lab, nb in ref_nbs.items():
         assemble(nb, {})  # a malformed reference check fails here, before any work
-    hide = tuple(_hideable(Path(reference_dir), subs, *hide))
+    hide = tuple(hideable(Path(reference_dir), subs, *hide))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     tasks = [(s, lab) for s in found if s not in skip for lab in wanted]
     results: dict[tuple[str, str], LabGrade] = {}
@@ -421,10 +123,10 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         nbs = found[student].get(lab, [])
         graded = autograded(ref_nbs[lab])
         if len(nbs) != 1:
-            return _error_grade(student, lab, None, graded,
-                                f"no {lab}_*.ipynb submitted" if not nbs else
-                                f"{len(nbs)} notebooks for lab {lab} "
-                                f"({', '.join(p.name for p in nbs)}); submit exactly one")
+            return error_grade(student, lab, None, graded,
+                               f"no {lab}_*.ipynb submitted" if not nbs else
+                               f"{len(nbs)} notebooks for lab {lab} "
+                               f"({', '.join(p.name for p in nbs)}); submit exactly one")
         with lock:
             slot = free_slots.pop()
         try:
@@ -434,8 +136,8 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         except RuntimeError:
             raise
         except Exception as e:  # noqa: BLE001 - one hostile notebook never stops the batch
-            return _error_grade(student, lab, nbs[0], graded,
-                                f"grading failed: {type(e).__name__}: {str(e)[:300]}")
+            return error_grade(student, lab, nbs[0], graded,
+                               f"grading failed: {type(e).__name__}: {str(e)[:300]}")
         finally:
             with lock:
                 free_slots.append(slot)

@@ -26,8 +26,13 @@ Faults (STYLE: failure paths are tested with deliberate faults, see
   segfault) is named as the cause, not its peers' "connection closed" errors, with the
   cgroup's OOM-kill count when the kernel exposes it;
 * the launching process dies (a killed notebook kernel): every rank notices within
-  ``_PARENT_POLL_S`` (it polls its parent's pid) and exits, instead of living on until
+  ``PARENT_POLL_S`` (it polls its parent's pid) and exits, instead of living on until
   its watchdog.
+
+What runs in each rank (the watchdog, the parent heartbeat, core pinning) and the
+launcher's clean-up of rank processes and signal handlers are
+:mod:`perflab.distributed.lifecycle`; this module starts the ranks and turns their
+failures into exceptions.
 
 Ranks that outnumber the usable cores (``world_size x threads_per_rank``) are allowed
 (oversubscription is a lab topic) but warned about: their step times include waiting
@@ -35,36 +40,30 @@ for a core. The launch's temporary folder (rank logs, error files) is removed af
 """
 from __future__ import annotations
 
-import faulthandler
 import math
 import os
 import shutil
-import signal
 import tempfile
 import threading
-import traceback
 import uuid
 import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import psutil
 import torch
 
-__all__ = ["launch_fn", "RankFailedError", "LaunchTimeoutError", "default_backend",
-           "TIMEOUT_EXIT_CODE"]
+from perflab.distributed.lifecycle import (kill_new_children, oom_kills, rank_entry,
+                                           restore_signals, save_signals)
 
-#: Exit code of a rank stopped by its watchdog (like coreutils' ``timeout``).
-TIMEOUT_EXIT_CODE = 124
+__all__ = ["launch_fn", "RankFailedError", "LaunchTimeoutError", "default_backend"]
+
 #: Seconds the agent waits after SIGTERM before SIGKILL when stopping ranks.
 _SHUTDOWN_S = 3
 #: Extra seconds the launching process waits before killing ranks itself (counted from
 #: the launch, so it includes the ranks' start-up: importing torch can take 15 s or more
 #: on a loaded 2-core machine, before a rank's own watchdog is even running).
 _BACKSTOP_S = 60.0
-#: How often a rank checks that the process that launched it is still alive (seconds).
-_PARENT_POLL_S = 0.5
 #: Text of the errors a rank raises when a peer vanished: effects, never the cause.
 _PEER_LOSS = ("Connection closed by peer", "Connection reset", "ECONNRESET", "Broken pipe",
               "DistNetworkError", "recvBytes", "Socket Timeout", "connection refused")
@@ -102,145 +101,6 @@ def _check_importable(fn: Callable[..., Any]) -> None:
             f"fn must be a module-level function of an importable module (spawned ranks "
             f"import it by name), got {fn!r} from module {module!r}; move it into a .py "
             "module (e.g. perflab.distributed.worker) and import it from there")
-
-
-def _watchdog(timeout_s: float, rank: int, err_path: Path) -> threading.Timer:
-    """Exit this rank with TIMEOUT_EXIT_CODE after ``timeout_s``, leaving its stacks."""
-
-    def fire() -> None:
-        with open(err_path, "w") as f:
-            f.write(f"TimeoutError: rank {rank} still running after timeout_s={timeout_s:g} s"
-                    "; stacks of its threads:\n")
-            f.flush()
-            faulthandler.dump_traceback(file=f, all_threads=True)
-        os._exit(TIMEOUT_EXIT_CODE)
-
-    timer = threading.Timer(timeout_s, fire)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
-def _exit_with_parent(parent_pid: int) -> threading.Thread:
-    """Exit this rank (``os._exit``) once ``parent_pid`` is gone.
-
-    A rank is a child of the launching process; when that dies (a notebook kernel killed
-    or restarted) the rank is re-parented, so ``os.getppid()`` changes. Polled by a
-    daemon thread (a heartbeat) because Linux's PR_SET_PDEATHSIG fires when the
-    *thread* that spawned the rank ends, and is Linux-only.
-    """
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid or not psutil.pid_exists(parent_pid):
-                os._exit(TIMEOUT_EXIT_CODE)
-            threading.Event().wait(_PARENT_POLL_S)
-
-    t = threading.Thread(target=watch, name="perflab-parent-watch", daemon=True)
-    t.start()
-    return t
-
-
-def _pin_to_cores(local_rank: int, threads_per_rank: int) -> None:
-    """Bind this rank to its own block of ``threads_per_rank`` allowed cores (round-robin
-    when there are more ranks than blocks: 4 ranks on 2 cores -> 2 per core).
-
-    Without it the scheduler moves ranks between cores and one rank can run ~1.5x
-    slower than another for a whole run on a small VM (measured here), which looks
-    exactly like a straggler. Linux only (``os.sched_setaffinity``); elsewhere a no-op.
-    """
-    if not hasattr(os, "sched_setaffinity"):
-        return
-    cores = sorted(os.sched_getaffinity(0))
-    blocks = max(1, len(cores) // threads_per_rank)
-    first = (local_rank % blocks) * threads_per_rank
-    os.sched_setaffinity(0, cores[first:first + threads_per_rank] or cores)
-
-
-def _rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
-                threads_per_rank: int, err_dir: str, pin_cores: bool = False,
-                parent_pid: int | None = None) -> Any:
-    """What each spawned rank runs: set threads and device, init the group, call fn."""
-    import torch.distributed as dist
-
-    if parent_pid is not None:
-        _exit_with_parent(parent_pid)
-    rank = int(os.environ["RANK"])
-    err_path = Path(err_dir) / f"rank{rank}.err"
-    watchdog = _watchdog(timeout_s, rank, err_path)
-    try:
-        torch.set_num_threads(threads_per_rank)
-        if pin_cores:
-            _pin_to_cores(int(os.environ["LOCAL_RANK"]), threads_per_rank)
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        # collectives may wait longer than the watchdog, so a hung rank is reported as a
-        # timeout of every rank (with where each was), not as a gloo error on its peers
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s + 60))
-        try:
-            out = fn(*args)
-            (Path(err_dir) / f"rank{rank}.done").touch()
-            return out
-        except BaseException as e:
-            # written before the group is torn down, so the failing rank's file is older
-            # than the "connection closed" errors its exit causes on the other ranks
-            err_path.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
-            raise
-        finally:
-            dist.destroy_process_group()
-    except BaseException as e:
-        if not err_path.exists():
-            err_path.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
-        raise
-    finally:
-        watchdog.cancel()
-
-
-def _ranks_started_since(before: set[int]) -> list[psutil.Process]:
-    """Spawned rank processes (and their children) under this one, not in ``before``.
-
-    Only ``multiprocessing.spawn`` children count: the resource tracker that
-    multiprocessing starts once and keeps for the life of the process is left alone.
-    """
-    found: list[psutil.Process] = []
-    try:
-        for p in psutil.Process().children(recursive=False):
-            if p.pid in before or "spawn_main" not in " ".join(p.cmdline()):
-                continue
-            found += [p, *p.children(recursive=True)]
-    except psutil.Error:
-        pass
-    return found
-
-
-def _save_signals(names: str) -> dict[Any, Any]:
-    """The current handlers of ``names`` ("SIGTERM,SIGINT,..."), and the agent's env var."""
-    saved: dict[Any, Any] = {"env": os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")}
-    if threading.current_thread() is threading.main_thread():
-        for name in names.split(","):
-            sig = getattr(signal, name.strip(), None)
-            if sig is not None:
-                saved[sig] = signal.getsignal(sig)
-    return saved
-
-
-def _restore_signals(saved: dict[Any, Any]) -> None:
-    env = saved.pop("env")
-    if env is None:
-        os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
-    else:
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = env
-    for sig, handler in saved.items():
-        if handler is not None:
-            signal.signal(sig, handler)
-
-
-def _kill_new_children(before: set[int]) -> None:
-    """Kill rank processes started since ``before`` (pids), children first."""
-    for p in reversed(_ranks_started_since(before)):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
@@ -299,7 +159,7 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
                       "core(s): the ranks are oversubscribed and share cores, so step times "
                       "include waiting for a core (label such runs as oversubscribed)",
                       RuntimeWarning, stacklevel=2)
-    oom_before = _oom_kills()
+    oom_before = oom_kills()
     err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
@@ -310,18 +170,18 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     # the agent installs handlers that turn these signals into SignalException (so a
     # Ctrl-C / kernel interrupt stops every rank); put the caller's back afterwards, so a
     # notebook kernel's own SIGTERM/SIGINT handling is unchanged once launch_fn returns
-    saved_signals = _save_signals(config.signals_to_handle)
+    saved_signals = save_signals(config.signals_to_handle)
     backstop_fired = threading.Event()
 
     def backstop_kill() -> None:
         backstop_fired.set()
-        _kill_new_children(before)
+        kill_new_children(before)
 
     backstop = threading.Timer(timeout_s + _BACKSTOP_S, backstop_kill)
     backstop.daemon = True
     backstop.start()
     try:
-        out = elastic_launch(config, _rank_entry)(fn, tuple(args), backend, float(timeout_s),
+        out = elastic_launch(config, rank_entry)(fn, tuple(args), backend, float(timeout_s),
                                                   threads_per_rank, err_dir, pin_cores,
                                                   os.getpid())
     except ChildFailedError as e:
@@ -335,25 +195,10 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
         raise _failure(e, err_dir, world_size, timeout_s, oom_before) from None
     finally:
         backstop.cancel()
-        _kill_new_children(before)  # normally none left: the agent reaped them
-        _restore_signals(saved_signals)
+        kill_new_children(before)  # normally none left: the agent reaped them
+        restore_signals(saved_signals)
         shutil.rmtree(err_dir, ignore_errors=True)
     return [out[r] for r in range(world_size)]
-
-
-def _oom_kills() -> int | None:
-    """The out-of-memory killer's count for this cgroup (cgroup v2 ``memory.events``),
-    or None where the kernel does not expose it."""
-    try:
-        cgroup = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[-1]
-        text = Path(f"/sys/fs/cgroup{cgroup}/memory.events").read_text()
-    except (OSError, IndexError):
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return None
 
 
 def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,
@@ -399,7 +244,7 @@ def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,
            else f"exit code {failure.exitcode}")
     why = ""
     if failure.exitcode == -9:
-        oom_after = _oom_kills()
+        oom_after = oom_kills()
         if oom_before is not None and oom_after is not None and oom_after > oom_before:
             why = (f": the out-of-memory killer (this cgroup's oom_kill count went "
                    f"{oom_before} -> {oom_after}); lower batch_size, image_size or "

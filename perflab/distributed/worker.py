@@ -23,7 +23,7 @@ bound's terms and the step it bounds come from the same moments):
    optimizer, other, step; all but the last micro-batch of ``accumulation_steps`` under
    ``no_sync``. DDP's buckets are read after the first one (DDP rebuilds them then).
 3. ``comm``: the gradient allreduce alone, DDP's bucket sizes in DDP's order through the
-   same link / compression (:func:`perflab.analysis.collectives.timed_allreduce_buckets`), no
+   same link / compression (:func:`perflab.distributed.ddp.timed_allreduce_buckets`), no
    compute; ``comm_cpu``: the CPU time of this process (all threads, gloo's included)
    during it, the real allreduce's work, which competes with compute on a CPU machine.
 

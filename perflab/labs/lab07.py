@@ -147,7 +147,8 @@ def _run_group(group: list[int], phases: Sequence[dict], recs: list[dict], warmu
 def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
                    sizes: Sequence[int] = (128, 256, 256, 10), global_batch: int = 2048,
                    warmup: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Rank body: train :func:`perflab.mlp` ``(sizes)`` through ``phases``; measure this rank.
+    """Rank body: train :func:`perflab.models.mlp` ``(sizes)`` through ``phases``; measure
+    this rank.
 
     Args:
         phases: each a dict with ``name`` (str), ``steps`` (>= 1, measured steps),

@@ -4,13 +4,16 @@
   ``bucket_cap_mb`` / simulated link preset; each press of Run launches the ranks.
 * :func:`ladder_panel` (Lab 08): a checkbox per ladder rung and a waterfall plot.
 
-Every panel is a ``.perflab-panel`` with a ``.perflab-run`` button, an
-``img.perflab-plot`` and a ``.perflab-error`` box (what the browser tests look for).
+Every panel is built on the :class:`perflab.ui.shell.Panel` shell: a ``.perflab-panel``
+with a ``.perflab-run`` button, an ``img.perflab-plot`` and a ``.perflab-error`` box
+(what the browser tests look for).
 """
 from __future__ import annotations
 
 import html
 from typing import Any, Sequence
+
+import ipywidgets as W
 
 from perflab.core.config import RunConfig
 from perflab.viz.figures import figure_to_png
@@ -20,7 +23,8 @@ from perflab.ladder.rungs import RUNGS, naive_config, unavailable
 from perflab.core.simulated import SimulatedLink
 from perflab.analysis.overlap import run_ddp
 from perflab.core.result import RunResult
-from perflab.ui.widgets import error_html, experiment_panel
+from perflab.ui.shell import Panel
+from perflab.ui.widgets import experiment_panel
 
 __all__ = ["bucket_panel", "link_panel", "ladder_panel"]
 
@@ -93,13 +97,14 @@ def ladder_panel(config=None, *, size: str = "tiny", rungs: Sequence[str] | None
     return _LadderPanel(config, rungs, rounds, progress, title or "Optimization ladder")
 
 
-class _LadderPanel:
-    """See :func:`ladder_panel` (ipywidgets; its own class because the ladder shows a
-    waterfall of several rungs, not experiment_panel's before/after pair)."""
+class _LadderPanel(Panel):
+    """See :func:`ladder_panel` (its own class because the ladder shows a waterfall of
+    several rungs, not experiment_panel's before/after pair)."""
+
+    busy_status = "climbing ..."
+    failed_status = "the climb failed; the panel is still usable"
 
     def __init__(self, config, rungs: list[str], rounds: int, progress: bool, title: str):
-        import ipywidgets as W
-
         self.config, self.rounds, self.progress = config, rounds, progress
         self.ladder: Ladder | None = None
         why = {r: unavailable(r, config) for r in RUNGS}
@@ -107,46 +112,25 @@ class _LadderPanel:
                                     indent=False, disabled=bool(why[r]),
                                     tooltip=why[r] or f"try the {r} rung")
                       for r in RUNGS}
-        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
-        self.run_button.add_class("perflab-run")
-        self.run_button.on_click(lambda _b: self.run())
-        self.status, self.error, self.table = W.HTML("ready"), W.HTML(""), W.HTML("")
-        self.error.add_class("perflab-error")
-        self.log = W.Output()
-        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
-        self.image.add_class("perflab-plot")
-        head = W.HTML(f"<h4>{html.escape(title)}</h4><p>Baseline "
-                      f"<code>{html.escape(config.display_label())}</code>; tick the "
-                      "rungs and press <b>Run</b> to search them on this machine.</p>")
+        self.table = W.HTML("")
         boxes = W.HBox(list(self.boxes.values()), layout=W.Layout(flex_flow="row wrap"))
-        self.widget = W.VBox([head, boxes, self.run_button,
-                              self.status, self.error, self.log, self.image, self.table])
-        self.widget.add_class("perflab-panel")
-
-    def _repr_mimebundle_(self, **kwargs: Any):
-        return self.widget._repr_mimebundle_(**kwargs)
+        super().__init__(title, f"Baseline <code>{html.escape(config.display_label())}</code>"
+                         "; tick the rungs and press <b>Run</b> to search them on this "
+                         "machine.", boxes, below=[self.table])
 
     def run(self, *, raise_errors: bool = False) -> Ladder | None:
         """Climb the ticked rungs; returns the Ladder (None if it failed)."""
-        self.run_button.disabled, self.error.value = True, ""
-        self.status.value = "climbing ..."
-        try:
-            ticked = [r for r, box in self.boxes.items() if box.value]
-            with self.log:
-                self.ladder = climb(self.config, rungs=ticked, rounds=self.rounds,
-                                    progress=self.progress)
-            self.image.value = figure_to_png(self.ladder.plot_waterfall())
-            cols = ["rung", "move", "status", "step_time_ms", "samples_per_s", "speedup",
-                    "p_value", "cumulative_speedup", "mfu_pct"]
-            self.table.value = self.ladder.table[cols].to_html(
-                index=False, float_format=lambda v: f"{v:,.3g}", na_rep="–", border=0)
-            self.status.value = html.escape(repr(self.ladder))
-            return self.ladder
-        except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
-            self.error.value = error_html(e)
-            self.status.value = "the climb failed; the panel is still usable"
-            if raise_errors:
-                raise
-            return None
-        finally:
-            self.run_button.disabled = False
+        return super().run(raise_errors=raise_errors)
+
+    def _run(self) -> Ladder:
+        ticked = [r for r, box in self.boxes.items() if box.value]
+        with self.log:
+            self.ladder = climb(self.config, rungs=ticked, rounds=self.rounds,
+                                progress=self.progress)
+        self.image.value = figure_to_png(self.ladder.plot_waterfall())
+        cols = ["rung", "move", "status", "step_time_ms", "samples_per_s", "speedup",
+                "p_value", "cumulative_speedup", "mfu_pct"]
+        self.table.value = self.ladder.table[cols].to_html(
+            index=False, float_format=lambda v: f"{v:,.3g}", na_rep="–", border=0)
+        self.status.value = html.escape(repr(self.ladder))
+        return self.ladder

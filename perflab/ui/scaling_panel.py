@@ -8,12 +8,13 @@ from __future__ import annotations
 import html
 from typing import Any, Sequence
 
+import ipywidgets as W
 import pandas as pd
 
 from perflab.viz.figures import figure_to_png
 from perflab.core.simulated import LINK_PRESETS, SimulatedLink
 from perflab.analysis.scaling import scaling_curve
-from perflab.ui.widgets import error_html
+from perflab.ui.shell import Panel
 from perflab.viz.scaling_plots import plot_scaling
 
 __all__ = ["scaling_panel"]
@@ -41,58 +42,39 @@ def scaling_panel(before: str = "10gbe", *, presets: Sequence[str] = ("1gbe", "1
     return _ScalingPanel(before, list(presets), list(world_sizes), curve_kwargs)
 
 
-class _ScalingPanel:
-    """See :func:`scaling_panel` (the ladder panel's layout: button, status, error, plot)."""
+class _ScalingPanel(Panel):
+    """See :func:`scaling_panel` (on the :class:`~perflab.ui.shell.Panel` shell, without
+    a log)."""
+
+    busy_status = "measuring ..."
 
     def __init__(self, before: str, presets: list[str], world_sizes: list[int],
                  curve_kwargs: dict):
-        import ipywidgets as W
-
         self.before, self.world_sizes, self.kwargs = before, world_sizes, curve_kwargs
         self.result: pd.DataFrame | None = None
         self.preset = W.Dropdown(options=presets, value=presets[0], description="after")
         self.four = W.Checkbox(value=False, description="4 ranks (oversubscribed here)",
                                indent=False)
-        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
-        self.run_button.add_class("perflab-run")
-        self.run_button.on_click(lambda _b: self.run())
-        self.status, self.error = W.HTML("ready"), W.HTML("")
-        self.error.add_class("perflab-error")
-        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
-        self.image.add_class("perflab-plot")
-        head = W.HTML(f"<h4>Scaling on a simulated link</h4><p>Before: "
-                      f"<code>{html.escape(LINK_PRESETS[before].describe())}</code>. Pick "
-                      "another link and press <b>Run</b>: weak and strong scaling are "
-                      "measured on both and plotted together.</p>")
-        self.widget = W.VBox([head, W.HBox([self.preset, self.four]), self.run_button,
-                              self.status, self.error, self.image])
-        self.widget.add_class("perflab-panel")
-
-    def _repr_mimebundle_(self, **kwargs: Any):
-        return self.widget._repr_mimebundle_(**kwargs)
+        super().__init__("Scaling on a simulated link", "Before: "
+                         f"<code>{html.escape(LINK_PRESETS[before].describe())}</code>. Pick "
+                         "another link and press <b>Run</b>: weak and strong scaling are "
+                         "measured on both and plotted together.",
+                         W.HBox([self.preset, self.four]), log=False)
 
     def run(self, *, raise_errors: bool = False) -> pd.DataFrame | None:
         """Measure before and after; returns the scaling table (None if it failed)."""
-        self.run_button.disabled, self.error.value = True, ""
-        self.status.value = "measuring ..."
-        try:
-            ws = sorted(set(self.world_sizes) | ({4} if self.four.value else set()))
-            names = list(dict.fromkeys([self.before, self.preset.value]))
-            self.result = scaling_curve(ws, links=[LINK_PRESETS[n] for n in names],
-                                        **self.kwargs)
-            self.image.value = figure_to_png(plot_scaling(self.result, title="; ".join(
-                f"{when}: {LINK_PRESETS[n].describe()}" for when, n in zip(
-                    ("before", "after"), names))))
-            top = self.result[self.result.world_size == max(ws)]
-            self.status.value = html.escape("; ".join(
-                f"{r.mode}, {r.link}, {r.world_size} ranks: efficiency {r.efficiency:.2f} "
-                f"[{r.ci_low:.2f}, {r.ci_high:.2f}] ({r.cores})" for r in top.itertuples()))
-            return self.result
-        except Exception as e:  # noqa: BLE001 - shown in the panel; the kernel lives on
-            self.error.value = error_html(e)
-            self.status.value = "the run failed; the panel is still usable"
-            if raise_errors:
-                raise
-            return None
-        finally:
-            self.run_button.disabled = False
+        return super().run(raise_errors=raise_errors)
+
+    def _run(self) -> pd.DataFrame:
+        ws = sorted(set(self.world_sizes) | ({4} if self.four.value else set()))
+        names = list(dict.fromkeys([self.before, self.preset.value]))
+        self.result = scaling_curve(ws, links=[LINK_PRESETS[n] for n in names],
+                                    **self.kwargs)
+        self.image.value = figure_to_png(plot_scaling(self.result, title="; ".join(
+            f"{when}: {LINK_PRESETS[n].describe()}" for when, n in zip(
+                ("before", "after"), names))))
+        top = self.result[self.result.world_size == max(ws)]
+        self.status.value = html.escape("; ".join(
+            f"{r.mode}, {r.link}, {r.world_size} ranks: efficiency {r.efficiency:.2f} "
+            f"[{r.ci_low:.2f}, {r.ci_high:.2f}] ({r.cores})" for r in top.itertuples()))
+        return self.result

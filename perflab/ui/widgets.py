@@ -10,7 +10,8 @@ Pressing Run builds ``base.replace(**knob values)``, runs the baseline once (cac
 and the variant, then shows :func:`perflab.viz.plots.plot_comparison` as a PNG, the
 :func:`perflab.core.measurement.compare_table` of the step times, and the test's verdict.
 The run is synchronous (the kernel is busy, so no other cell competes for the cores
-being measured); errors are shown in the panel, never as a traceback dump.
+being measured); errors are shown in the panel, never as a traceback dump. The panel is
+built on the :class:`perflab.ui.shell.Panel` shell; its knobs are :mod:`perflab.ui.knobs`.
 
 Nothing is lost to a kernel restart: after every run the panel records which saved
 results it showed (``<results>/panels/<key>.json``, atomically), and a panel built
@@ -19,7 +20,6 @@ comparison at once, saying when it was measured; Run measures again.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import html
 import json
@@ -36,77 +36,14 @@ from perflab.core.result import RunResult
 from perflab.core.paths import default_results_dir
 from perflab.core.result_store import load_results
 from perflab.core.storage import StorageError, write_atomic
-from perflab.core.timing import Stopwatch
+from perflab.ui.knobs import knob_values, knob_widgets, set_knob_values, validate_knobs
+from perflab.ui.shell import ERROR_STYLE, Panel, error_html
 
 __all__ = ["experiment_panel", "ExperimentPanel"]
 
 RunFn = Callable[..., RunResult]
 #: Clicks handled this soon after a run ended were queued while it ran: ignore them.
 QUEUED_CLICK_WINDOW_S = 0.5
-_ERROR_STYLE = "color:#b00020;font-weight:bold"
-
-
-def error_html(exc: BaseException) -> str:
-    """An exception as the red message every perflab panel shows (never a traceback)."""
-    msg = html.escape(f"{type(exc).__name__}: {exc}").replace("\n", "<br>")
-    return f'<div style="{_ERROR_STYLE}">{msg}</div>'
-
-
-def _find(choices: Sequence[Any], value: Any) -> int | None:
-    """Index of ``value`` in ``choices`` (``True`` does not match ``1``), else None."""
-    for i, c in enumerate(choices):
-        if c == value and isinstance(c, bool) == isinstance(value, bool):
-            return i
-    return None
-
-
-def _slider_bounds(name: str, spec: Any) -> tuple[int, int, int]:
-    """(min, max, step) of a ``range`` or ``(min, max[, step])`` tuple of ints."""
-    if isinstance(spec, range):
-        if len(spec) == 0:
-            raise ValueError(f"knob {name!r}: {spec!r} is empty; give a non-empty range")
-        return min(spec), max(spec), abs(spec.step)
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in spec)
-    if len(spec) not in (2, 3) or not ints:
-        raise ValueError(f"knob {name!r}: a tuple must be (min, max) or (min, max, step) "
-                         f"of ints for a slider, got {spec!r}; use a list for choices")
-    lo, hi, step = (*spec, 1) if len(spec) == 2 else spec
-    if not (lo <= hi and step >= 1):
-        raise ValueError(f"knob {name!r}: need min <= max and step >= 1, got {spec!r}")
-    return lo, hi, step
-
-
-def _validate(base: RunConfig, knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """Check knob names and that each base value is selectable; returns normalised specs."""
-    if not isinstance(base, RunConfig):
-        raise TypeError(f"base must be a RunConfig, got {type(base).__name__}")
-    fields = [f.name for f in dataclasses.fields(RunConfig)]
-    specs: dict[str, Any] = {}
-    for name, spec in knobs.items():
-        if name not in fields:
-            raise ValueError(f"knob {name!r} is not a RunConfig field; choose from {fields}")
-        value = getattr(base, name)
-        if isinstance(spec, (range, tuple)):
-            lo, hi, step = _slider_bounds(name, spec)
-            if (not isinstance(value, int) or isinstance(value, bool)
-                    or not lo <= value <= hi or (value - lo) % step):
-                raise ValueError(
-                    f"knob {name!r}: base.{name}={value!r} is not on the slider "
-                    f"{lo}..{hi} step {step}; change the range to include it, or use a "
-                    f"list of choices that contains {value!r}")
-            specs[name] = (lo, hi, step)
-        elif isinstance(spec, list):
-            if not spec:
-                raise ValueError(f"knob {name!r}: empty list of choices; give at least "
-                                 f"one value (including base.{name}={value!r})")
-            if _find(spec, value) is None:
-                raise ValueError(f"knob {name!r}: base.{name}={value!r} is not among the "
-                                 f"choices {spec!r}; add it so the baseline is selectable")
-            specs[name] = list(spec)
-        else:
-            raise ValueError(f"knob {name!r}: expected a list of choices (dropdown) or a "
-                             f"range / (min, max, step) tuple of ints (slider), got {spec!r}")
-    return specs
 
 
 def _fmt(v: Any, unit: str = "", digits: int = 2) -> str:
@@ -130,8 +67,9 @@ def _table_html(results: Sequence[RunResult], labels: Sequence[str]) -> str:
                       classes="perflab-table")
 
 
-class ExperimentPanel:
-    """The widget panel built by :func:`experiment_panel`.
+class ExperimentPanel(Panel):
+    """The widget panel built by :func:`experiment_panel` (a
+    :class:`~perflab.ui.shell.Panel`; its knobs are disabled while a run is in progress).
 
     Attributes:
         base: the baseline config. controls: knob name -> its widget.
@@ -144,7 +82,7 @@ class ExperimentPanel:
                  run_fn: RunFn | None = None, baseline: bool = True,
                  progress: bool = True, title: str | None = None,
                  reload: bool = True) -> None:
-        specs = _validate(base, knobs)
+        specs = validate_knobs(base, knobs)
         self._state_key = hashlib.sha256(json.dumps(
             [title, base.to_dict(), {k: repr(v) for k, v in specs.items()}, baseline],
             sort_keys=True, default=repr).encode()).hexdigest()[:16]
@@ -152,49 +90,22 @@ class ExperimentPanel:
         self._baseline_on, self._progress_on = baseline, progress
         self.results: list[RunResult] = []
         self.baseline_result: RunResult | None = None
-        self._running = False
-        self._since_end: Stopwatch | None = None  # time since the last run ended
-        style = {"description_width": "initial"}
-        self.controls: dict[str, W.ValueWidget] = {}
-        for name, spec in specs.items():
-            if isinstance(spec, list):
-                ctl = W.Dropdown(options=[(str(c), c) for c in spec], description=name,
-                                 index=_find(spec, getattr(base, name)), style=style)
-            else:
-                lo, hi, step = spec
-                ctl = W.IntSlider(value=getattr(base, name), min=lo, max=hi, step=step,
-                                  description=name, style=style, continuous_update=False)
-            self.controls[name] = ctl
+        self.controls: dict[str, W.ValueWidget] = knob_widgets(base, specs)
         what = (f"The baseline <code>{html.escape(base.display_label())}</code> runs once; "
                 if baseline else "")
-        self.title = W.HTML(f"<h4>{html.escape(title or 'Experiment')}</h4><p>{what}"
-                            "choose settings and press <b>Run</b> to measure the variant "
-                            "on this machine.</p>")
-        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
-        self.run_button.add_class("perflab-run")
-        self.run_button.on_click(self._on_click)
         self.progress = W.IntProgress(value=0, min=0, max=2 if baseline else 1,
                                       description="runs 0/" + str(2 if baseline else 1))
-        self.status = W.HTML("ready")
-        self.error = W.HTML("")
-        self.error.add_class("perflab-error")
-        self.log = W.Output()  # run_fn's own output: tqdm's step bar, prints, warnings
-        self.image = W.Image(format="png", layout=W.Layout(max_width="100%"))
-        self.image.add_class("perflab-plot")
         self.verdict = W.HTML("")
         self.table = W.HTML("")
-        self.widget = W.VBox([
-            self.title, W.VBox(list(self.controls.values())),
-            W.HBox([self.run_button, self.progress]), self.status, self.error, self.log,
-            self.image, self.verdict, self.table])
-        self.widget.add_class("perflab-panel")
+        # log: run_fn's own output (tqdm's step bar, prints, warnings)
+        super().__init__(title or "Experiment", f"{what}choose settings and press <b>Run</b> "
+                         "to measure the variant on this machine.",
+                         W.VBox(list(self.controls.values())), progress=self.progress,
+                         below=[self.verdict, self.table], lock=list(self.controls.values()))
         if reload:
             self._reload()
 
     # -- display --------------------------------------------------------------------
-    def _repr_mimebundle_(self, **kwargs: Any):
-        return self.widget._repr_mimebundle_(**kwargs)
-
     def __repr__(self) -> str:
         return (f"ExperimentPanel(base={self.base.display_label()!r}, "
                 f"knobs={list(self.controls)}, results={len(self.results)})")
@@ -202,10 +113,7 @@ class ExperimentPanel:
     # -- running --------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
         """The knob values currently selected."""
-        out = {}
-        for name, ctl in self.controls.items():
-            out[name] = ctl.options[ctl.index][1] if isinstance(ctl, W.Dropdown) else ctl.value
-        return out
+        return knob_values(self.controls)
 
     def variant_config(self) -> RunConfig:
         """``base.replace(**values())``, relabelled when it would look like the baseline.
@@ -221,21 +129,13 @@ class ExperimentPanel:
                                     or f"{self.base.display_label()} (again)")
         return config
 
-    def _on_click(self, _button: Any = None) -> None:
-        if self._running or (self._since_end is not None
-                              and self._since_end.elapsed_s < QUEUED_CLICK_WINDOW_S):
-            return  # a click queued while the kernel was busy with the last run
-        self.run()
-
-    def _set_busy(self, busy: bool) -> None:
-        self._running = busy
-        self.run_button.disabled = busy
-        for ctl in self.controls.values():
-            ctl.disabled = busy
+    @property
+    def queued_click_window_s(self) -> float:  # type: ignore[override]
+        return QUEUED_CLICK_WINDOW_S  # read at each click, so a test can change it
 
     def _show_error(self, exc: BaseException, what: str) -> None:
         self.error.value = error_html(exc)
-        self.status.value = f'<span style="{_ERROR_STYLE}">{html.escape(what)}</span>'
+        self.status.value = f'<span style="{ERROR_STYLE}">{html.escape(what)}</span>'
         self.progress.bar_style = "danger"
 
     def _run_one(self, config: RunConfig, i: int, total: int, role: str) -> RunResult:
@@ -258,24 +158,15 @@ class ExperimentPanel:
         exception from the run is shown in the panel and returns None, unless
         ``raise_errors`` (for scripts), which re-raises it.
         """
-        if self._running:
-            return None
-        self._set_busy(True)
-        self.error.value = ""
+        return super().run(raise_errors=raise_errors)
+
+    def _run(self) -> RunResult:
         self.progress.bar_style = "info"
-        what = "invalid settings: nothing ran; change the knobs named below and press Run"
-        try:
-            config = self.variant_config()
-            what = "the run failed; the panel is still usable"
-            return self._measure(config)
-        except Exception as e:  # noqa: BLE001 - shown in the panel, the kernel lives on
-            self._show_error(e, what)
-            if raise_errors:
-                raise
-            return None
-        finally:
-            self._set_busy(False)
-            self._since_end = Stopwatch().start()
+        self.failed_status = ("invalid settings: nothing ran; change the knobs named below "
+                              "and press Run")
+        config = self.variant_config()
+        self.failed_status = Panel.failed_status
+        return self._measure(config)
 
     # -- surviving a kernel restart -------------------------------------------------
     @property
@@ -304,14 +195,7 @@ class ExperimentPanel:
             return
         if len(shown) != (2 if self._baseline_on else 1):
             return
-        for name, value in state.get("values", {}).items():
-            ctl = self.controls.get(name)
-            if isinstance(ctl, W.Dropdown):
-                i = _find([o[1] for o in ctl.options], value)
-                if i is not None:
-                    ctl.index = i
-            elif ctl is not None and isinstance(value, int) and ctl.min <= value <= ctl.max:
-                ctl.value = value
+        set_knob_values(self.controls, state.get("values", {}))
         if self._baseline_on:
             self.baseline_result = shown[0]
         self.results.extend(shown)

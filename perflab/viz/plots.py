@@ -168,7 +168,7 @@ def plot_comparison(results: Sequence[RunResult], title: str | None = None) -> F
 
 
 def plot_results(items: Sequence["RunResult | str | Path"], title: str | None = None):
-    """The labs' before/after figure (:func:`perflab.plot_comparison`) of saved results."""
+    """The labs' before/after figure (:func:`plot_comparison`) of saved results."""
     from perflab.viz.plots import plot_comparison
 
     return plot_comparison(as_results(items), title=title)

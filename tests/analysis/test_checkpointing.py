@@ -139,6 +139,7 @@ def test_search_max_batch_edges():
         search_max_batch(fits, start=4, minimum=5)
 
 
+@pytest.mark.slow
 def test_find_max_batch_cpu_budget_and_checkpointing():
     with pytest.raises(ValueError, match="needs budget_gib"):
         find_max_batch(SMALL)

@@ -96,6 +96,7 @@ def test_sweep_rejects_bad_input(kwargs, match):
         allreduce_sweep(**kwargs)
 
 
+@pytest.mark.slow
 def test_two_rank_sweep_on_the_simulated_link_recovers_alpha_beta():
     # alpha well above this machine's floor (a loopback allreduce plus a sleep's wake-up
     # take ~0.2-0.6 ms on 2 busy cores), so the floor cannot hide inside alpha

@@ -121,6 +121,7 @@ def call(args):
     assert kernel_summary([code, code]).library_calls == 6
 
 
+@pytest.mark.slow
 def test_inductor_fuses_the_pointwise_chain(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     x, w, b = pointwise_inputs(64, 32)
@@ -155,6 +156,7 @@ def test_run_in_fresh_process_errors(monkeypatch, tmp_path):
         run_in_fresh_process(RunConfig(device="cpu", compile="default"), tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_run_in_fresh_process_cold_then_warm(tiny_dataset, tmp_path):
     """A tiny model compiled in two fresh processes sharing a cache: the second is warm."""
     cfg = RunConfig(device="cpu", model="tiny", dataset=tiny_dataset, image_size=16,
@@ -182,6 +184,7 @@ def test_op_time_share():
     assert op_time_share(fn, ("no_such_op",)) == 0.0
 
 
+@pytest.mark.slow
 def test_lab04_05_modules_import_without_side_effects():
     import sys as _sys
 

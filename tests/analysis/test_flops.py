@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from perflab.core.config import RunConfig
-from perflab.analysis.flops import (
-    PEAK_TFLOPS, FlopCount, PeakFlops, _table_key, count_flops, dtype_of,
-    measure_peak_flops, mfu_pct, peak_flops, utilization,
+from perflab.analysis.flops import FlopCount, count_flops, mfu_pct, utilization
+from perflab.analysis.peak import (
+    PEAK_TFLOPS, PeakFlops, _table_key, dtype_of, measure_peak_flops, peak_flops,
 )
 from perflab.core.measurement import Measurement
 from perflab.core.memory import PeakMemory

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from perflab.analysis.flops import measured_peak, peak_flops
+from perflab.analysis.peak import measured_peak, peak_flops
 from perflab.analysis.roofline import (
     ROOFLINE_DTYPES, MatmulRoof, Roofline, measure_matmul, measure_roofline,
 )

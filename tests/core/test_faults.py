@@ -137,6 +137,7 @@ def test_mmap_cache_on_a_full_disk_is_a_clear_error_and_leaves_no_tmp(tiny_datas
 
 
 # -- Ctrl-C -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ctrl_c_during_an_interleaved_comparison_keeps_finished_rounds(tiny_dataset,
                                                                          tmp_path):
     out = tmp_path / "results"
@@ -254,6 +255,7 @@ def _rank_pids(proc: psutil.Process) -> list[int]:
         return []
 
 
+@pytest.mark.slow
 def test_a_sigkilled_rank_is_named_as_the_cause():
     with pytest.raises(RankFailedError) as info:
         launch_fn(faults.sigkill_on_rank, 2, args=(1,))
@@ -263,6 +265,7 @@ def test_a_sigkilled_rank_is_named_as_the_cause():
     assert "out-of-memory killer" in msg and "lower batch_size" in msg
 
 
+@pytest.mark.slow
 def test_ranks_die_with_a_killed_launcher(tmp_path):
     code = """
         import sys
@@ -287,6 +290,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     assert alive == [], "ranks outlived their launcher"
 
 
+@pytest.mark.slow
 def test_launch_leaves_no_temp_folder_and_warns_when_oversubscribed(monkeypatch, tmp_path):
     # a private temp folder: other tests' launches (pytest-xdist) make their own meanwhile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -21,9 +21,9 @@ from perflab.course.build import build_lab
 from perflab.course.checks import (FACTS_MARKER, judge_names, parse_facts, run_judge,
                                    split_check)
 from perflab.course.command import add_grade_arguments, grade_command
-from perflab.course.grading import (CheckResult, LabGrade, Limits, grade_submissions,
-                                    lab_key)
+from perflab.course.grading import grade_submissions
 from perflab.course.report import ScoreTable, write_answers, write_feedback, write_scores_csv
+from perflab.course.submission import CheckResult, LabGrade, Limits, lab_key
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Limits(cell_timeout_s=20, wall_timeout_s=120, memory_gib=8)
@@ -339,6 +339,7 @@ def test_written_answers_collected_with_measured_numbers(reference, tmp_path):
 
 # -- grading with a kernel ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     subs = tmp_path / "submissions"
     _write(subs, "a_correct", student_nb(reference))
@@ -381,6 +382,7 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     assert "graded 0, errored 0, flagged 0" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_grade_reference_five_times_gives_full_marks(reference, tmp_path):
     """The reference's own answers, graded 5 times in parallel sandboxes: 4/4 each time."""
     subs = tmp_path / "subs"

@@ -174,6 +174,7 @@ def _flagged(row, *keys):
     return all(k in row["flags"] for k in keys)
 
 
+@pytest.mark.slow
 def test_the_rest_of_the_batch_is_graded_correctly(batch):
     rows = batch["rows"]
     assert _points(rows["zz_correct"], "09") == {"check_answer": 2, "check_double": 1,
@@ -182,6 +183,7 @@ def test_the_rest_of_the_batch_is_graded_correctly(batch):
     assert batch["wall"] < 300
 
 
+@pytest.mark.slow
 def test_forged_outcome_records(batch):
     row = batch["rows"]["forged_outcome"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
@@ -190,6 +192,7 @@ def test_forged_outcome_records(batch):
     assert _points(row, "10") == {"check_answer": 0, "check_double": 0, "check_base": 1}
 
 
+@pytest.mark.slow
 def test_input_transformer(batch):
     row = batch["rows"]["input_transformer"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
@@ -197,6 +200,7 @@ def test_input_transformer(batch):
     assert _points(row, "10") == {"check_answer": 0, "check_double": 0, "check_base": 0}
 
 
+@pytest.mark.slow
 def test_print_and_stdout_override(batch):
     row = batch["rows"]["print_override"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
@@ -204,6 +208,7 @@ def test_print_and_stdout_override(batch):
     assert _points(row, "10") == {"check_answer": 0, "check_double": 0, "check_base": 0}
 
 
+@pytest.mark.slow
 def test_monkeypatched_perflab_and_check_helper(batch):
     # json.dumps forged to report the right facts: only the flag stops a student who
     # knows the answers (see perflab.course.checks), so it scores 0 and is flagged
@@ -212,6 +217,7 @@ def test_monkeypatched_perflab_and_check_helper(batch):
     assert _flagged(row, "module attribute json.dumps", "module attribute perflab.env_summary")
 
 
+@pytest.mark.slow
 def test_rewritten_reference_on_disk(batch):
     row = batch["rows"]["rewrite_reference"]
     assert batch["after"][0] == batch["before"][0]  # the reference is intact
@@ -223,6 +229,7 @@ def test_rewritten_reference_on_disk(batch):
     assert _points(row, "10") == {"check_answer": 2, "check_double": 1, "check_base": 1}
 
 
+@pytest.mark.slow
 def test_detached_child_holding_a_pipe(batch):
     row = batch["rows"]["detached_child"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
@@ -231,6 +238,7 @@ def test_detached_child_holding_a_pipe(batch):
                 if "985.75" in (p.info["cmdline"] or [])]
 
 
+@pytest.mark.slow
 def test_fork_bomb(batch):
     if not _nproc_holds():
         pytest.skip(f"RLIMIT_NPROC cannot hold here: {_root_mode()[1]}")
@@ -239,6 +247,7 @@ def test_fork_bomb(batch):
     assert _flagged(row, "import os")
 
 
+@pytest.mark.slow
 def test_memory_hog(batch):
     row = batch["rows"]["memory_hog"]
     points = _points(row, "09")
@@ -253,6 +262,7 @@ def test_memory_hog(batch):
         assert points == {"check_answer": 0, "check_double": 0, "check_base": 0}
 
 
+@pytest.mark.slow
 def test_infinite_loop(batch):
     row = batch["rows"]["infinite_loop"]
     assert _points(row, "09") == {"check_answer": 2, "check_double": 0, "check_base": 0}
@@ -260,11 +270,13 @@ def test_infinite_loop(batch):
                                        / "infinite_loop-09.md").read_text()
 
 
+@pytest.mark.slow
 def test_non_notebook_file(batch):
     row = batch["rows"]["not_a_notebook"]
     assert row["total"] == "0" and "not a valid notebook" in row["errors"]
 
 
+@pytest.mark.slow
 def test_notebook_with_its_solution_cells_deleted(batch):
     row = batch["rows"]["no_solution_cells"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 1}

@@ -10,7 +10,8 @@ import nbformat
 import pytest
 
 from tests.conftest import slow
-from perflab.course.grading import Limits, grade_submissions
+from perflab.course.grading import grade_submissions
+from perflab.course.submission import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS = Limits(cell_timeout_s=600, wall_timeout_s=1500)

@@ -86,6 +86,7 @@ def test_sandbox_kills_detached_children_and_never_waits_on_their_pipes(tmp_path
     assert not left, left
 
 
+@pytest.mark.slow  # a 2 s wall timeout by design, then a sandbox's start and a 0.5 s wait
 @needs_bwrap
 def test_sandbox_wall_timeout_kills_the_namespace(tmp_path):
     scratch = tmp_path / "s"

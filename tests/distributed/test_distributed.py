@@ -55,6 +55,7 @@ def _nested():
 
 
 # -- launch_fn --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_launch_fn_returns_by_rank_even_with_the_default_port_busy():
     before = _rank_children()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -71,6 +72,7 @@ def test_launch_fn_returns_by_rank_even_with_the_default_port_busy():
     assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_is_named_at_once_and_nothing_is_left():
     before = _rank_children()
     with Stopwatch() as sw:
@@ -85,6 +87,7 @@ def test_a_rank_that_raises_is_named_at_once_and_nothing_is_left():
     assert _rank_children() == before
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_stopped_by_the_timeout_and_every_rank_reaped():
     before = _rank_children()
     with Stopwatch() as sw:
@@ -97,6 +100,7 @@ def test_a_hung_rank_is_stopped_by_the_timeout_and_every_rank_reaped():
     assert _rank_children() == before
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_without_an_exception_is_named():
     before = _rank_children()
     with pytest.raises(RankFailedError, match=r"rank 0 died \(exit code 3\)"):
@@ -135,6 +139,7 @@ def _tiny(**kw) -> RunConfig:
     return RunConfig(**{**base, **kw})
 
 
+@pytest.mark.slow
 def test_launch_trains_every_rank_and_measures_what_the_labs_read(tiny_dataset, tmp_path):
     config = _tiny(dataset=tiny_dataset, straggler=Straggler(rank=1, delay_s=0.02))
     results = launch(config, results_dir=str(tmp_path), progress=False, timeout_s=120)
@@ -173,6 +178,7 @@ def test_launch_trains_every_rank_and_measures_what_the_labs_read(tiny_dataset, 
          link=SimulatedLink.preset("1gbe"), bucket_cap_mb=0.001),
     dict(comm_hook="powersgd"),
 ])
+@pytest.mark.slow
 def test_hooks_links_and_accumulation_run_and_keep_replicas_equal(tiny_dataset, kw):
     results = launch(_tiny(dataset=tiny_dataset, **kw), save=False, timeout_s=120,
                      progress=kw.get("comm_hook") == "powersgd")  # the bar in this process

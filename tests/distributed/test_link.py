@@ -87,6 +87,7 @@ def test_register_link_hook_rejects_bad_input(kwargs, match):
         register_link_hook(torch.nn.Linear(2, 2), **args)
 
 
+@pytest.mark.slow
 def test_hook_on_two_ranks_delays_buckets_and_averages_like_ddp():
     """Two gloo ranks, a 3-layer MLP in 1 MiB buckets, link 2 ms + 100 MB/s."""
     from perflab.analysis.collectives import link_hook_probe

@@ -84,7 +84,8 @@ def grade_reference_and_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str
     """
     import shutil
 
-    from perflab.course.grading import Limits, grade_submissions
+    from perflab.course.grading import grade_submissions
+    from perflab.course.submission import Limits
 
     ref, subs = tmp_path / "reference", tmp_path / "subs"
     ref.mkdir()

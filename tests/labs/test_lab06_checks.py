@@ -207,6 +207,7 @@ def ranks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_FILES))
+@pytest.mark.slow
 def test_student_files(name, ranks):
     failing = WRONG_FILES[name][1]
     ns = {"checked": [r[f"ddp_wrong_{name}"] for r in ranks]}
@@ -215,6 +216,7 @@ def test_student_files(name, ranks):
         assert verdict.passed == (gid not in failing), (name, gid, verdict.message)
 
 
+@pytest.mark.slow
 def test_reference_wrapper_matches_ddp_gradients(ranks):
     """The lab's reference MyDDP and allreduce_gradients give DDP's gradients after every
     step, on both ranks (atol GRAD_ATOL, rtol GRAD_RTOL), and DDP's buckets."""

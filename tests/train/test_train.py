@@ -277,6 +277,7 @@ def test_run_accumulates_on_one_process(tiny_dataset, results_dir):
     assert len(r.losses) == 4 and all(torch.isfinite(torch.tensor(r.losses)))
 
 
+@pytest.mark.slow
 def test_run_with_world_size_launches_ranks(tiny_dataset, tmp_path):
     """world_size > 1 is never a silent single process: the ranks are launched."""
     cfg = RunConfig(model="tiny", dataset=tiny_dataset, image_size=32, batch_size=4,

@@ -141,8 +141,8 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     """Rank body of Lab 06's checks: the student's code and DDP on the same seeded MLP.
 
     Imports ``student_module`` (the file the lab writes with ``%%writefile``) and trains
-    ``perflab.mlp(sizes, seed)`` for ``steps`` SGD steps on this rank's
-    ``perflab.mlp_batches`` with: ``allreduce_gradients(model)`` after backward
+    ``perflab.models.mlp(sizes, seed)`` for ``steps`` SGD steps on this rank's
+    ``perflab.models.mlp_batches`` with: ``allreduce_gradients(model)`` after backward
     ("per_param"), ``MyDDP(model, bucket_cap_mb=...)`` with ``finish_gradient_sync()``
     after backward ("bucketed"), DDP with ``register_comm_hook(None, my_fp16_hook)``
     ("fp16"), torch's ``fp16_compress_hook`` ("torch_fp16") and plain DDP with

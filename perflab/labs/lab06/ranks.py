@@ -184,7 +184,7 @@ def measure_rank(student_module: str, sizes: Sequence[int], batch: int,
     Args:
         student_module: the module the lab wrote (``allreduce_gradients``, ``MyDDP``,
             ``my_fp16_hook``), imported on this rank.
-        sizes: widths of the timed ``perflab.mlp`` (fp32); batch: rows per rank.
+        sizes: widths of the timed ``perflab.models.mlp`` (fp32); batch: rows per rank.
         link: the simulated link every variant's allreduces go through.
         bucket_cap_mb: MiB, for MyDDP and DDP alike.
         steps, warmup: timed steps per variant and untimed ones before them.
@@ -215,7 +215,7 @@ def lab06_rank(student_module: str, check_args: Sequence[Any], measure_args: Seq
 
 def wrapper_table(measured: Sequence[dict[str, Any]], link: SimulatedLink) -> pd.DataFrame:
     """One row per rank per :data:`WRAPPERS` variant of :func:`measure_rank`'s ``"timed"``
-    results, in ms, with the columns :func:`perflab.plot_overlap` reads.
+    results, in ms, with the columns :func:`perflab.analysis.overlap.plot_overlap` reads.
 
     compute = the "compute only" step (forward + backward, no communication); comm = the
     link's time for the variant's messages sent back to back (the alpha-beta model of
