@@ -8,9 +8,12 @@ cell by its probe (:mod:`perflab.course.checks`), leaves out the cells tagged
 :data:`SKIP_TAG` (panels, sweeps, long measurements), and strips everything secret: the
 reference's solutions, written answers, judges, hidden assertions and stored outputs.
 
-:func:`scan_answer` flags answers that reach into the machinery (the interpreter, the
-kernel, the file system); a flagged answer scores 0 on every check after it in the lab
-unless the exercise allows it (solution-cell metadata ``perflab: {allow: [...]}``).
+:func:`scan_answer` finds what in an answer (``%%writefile`` bodies included) reaches
+into the machinery (the interpreter, the kernel, the grader): a *review* finding for the
+instructor (the ``review`` column), never a deduction; points come only from answers on
+hidden cases (:mod:`perflab.course.cases`). Honest idioms (``import os`` for
+``os.cpu_count()``, ``self.__class__.__name__``, ``%time``, ``sys.getsizeof``) are not
+findings; an exercise can allow more (solution-cell metadata ``perflab: {allow: [...]}``).
 :func:`written_answers` collects the "predict, then explain" cells (nbgrader manually
 graded cells) for the instructor.
 """
@@ -19,10 +22,13 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import re
 
 import nbformat
 
-from perflab.course.checks import CheckCell, probe_source, split_check
+from perflab.course.cases import draw_cases
+from perflab.course.checks import (CheckCell, graded_functions, graded_probe, probe_source,
+                                   split_check)
 
 __all__ = ["SKIP_TAG", "Flag", "Assembled", "solution_ids", "answers_of", "scan_answer",
            "assemble", "written_answers"]
@@ -31,19 +37,35 @@ __all__ = ["SKIP_TAG", "Flag", "Assembled", "solution_ids", "answers_of", "scan_
 #: measurements): no graded answer may need what they compute.
 SKIP_TAG = "grading-skip"
 
-#: Modules whose import reaches into the interpreter, the kernel or the file system.
+#: Modules whose import reaches into the interpreter, the kernel or the grading machinery.
+#: ``os``, ``sys``, ``pathlib``, ``io`` and ``time`` are not here: honest answers use
+#: ``os.cpu_count()``, ``os.path``, ``sys.getsizeof``, ``Path``; what of them reaches into
+#: the machinery is in :data:`BLOCKED_MODULE_ATTRS`. A private module (``_pickle``,
+#: ``_json``: a name starting with ``_``) is always a finding.
 BLOCKED_MODULES = frozenset({
-    "builtins", "sys", "os", "posix", "ctypes", "gc", "inspect", "IPython", "ipykernel",
-    "importlib", "subprocess", "signal", "socket", "shutil", "pty", "_thread", "atexit",
+    "builtins", "ctypes", "gc", "inspect", "IPython", "ipykernel",
+    "importlib", "subprocess", "signal", "socket", "shutil", "pty", "atexit",
     "code", "codeop", "marshal", "pickle", "dill", "types", "tracemalloc", "faulthandler",
     "jupyter_client", "zmq", "nbformat", "nbval", "pytest", "perflab.course", "resource",
-    "multiprocessing", "threading", "asyncio", "tempfile", "pathlib", "io", "runpy",
+    "multiprocessing", "threading", "asyncio", "runpy", "unittest",
     "sysconfig", "site", "linecache", "traceback"})
+#: Attributes of ``os`` and ``sys`` that run programs, write files, or reach frames,
+#: modules and hooks.
+BLOCKED_MODULE_ATTRS = frozenset({
+    "os.system", "os.popen", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.setsid",
+    "os.open", "os.write", "os.dup", "os.dup2", "os.remove", "os.unlink", "os.rename",
+    "os.replace", "os.chmod", "os.symlink", "os.link", "os.truncate", "os.execv",
+    "os.execve", "os.execl", "os.execvp", "os.spawnv", "os.spawnl", "os.posix_spawn",
+    "os.fdopen", "os.pipe", "os.environ", "os.putenv",
+    "sys.modules", "sys._getframe", "sys.settrace", "sys.setprofile", "sys.meta_path",
+    "sys.path_hooks", "sys.addaudithook", "sys.displayhook", "sys.excepthook",
+    "sys.__stdout__", "sys.__stderr__", "sys.stdout", "sys.stderr", "sys.stdin"})
 #: Names that hand out the interpreter's machinery.
 BLOCKED_NAMES = frozenset({
     "get_ipython", "__import__", "__builtins__", "exec", "eval", "compile", "globals",
     "locals", "vars", "breakpoint", "setattr", "delattr", "__loader__", "__spec__"})
 #: Attributes that lead from any object to frames, code, globals or other classes.
+#: ``x.__class__.__name__`` (and ``__qualname__``) is not a finding: a ``__repr__`` uses it.
 BLOCKED_ATTRS = frozenset({
     "__class__", "__subclasses__", "__globals__", "__code__", "__dict__", "__builtins__",
     "__mro__", "__bases__", "__base__", "__closure__", "__func__", "__self__",
@@ -56,6 +78,12 @@ MODULE_NAMES = frozenset({"torch", "perflab", "np", "numpy", "nn", "F", "json", 
                           "time", "random", "functools", "itertools", "collections",
                           "statistics", "pd", "pandas", "plt", "matplotlib", "builtins",
                           "sys", "os", "IPython", "types", "widgets", "ipywidgets"})
+#: Cell magics whose body is Python the scan reads as Python (``%%writefile`` bodies are
+#: modules the notebook imports: they are scanned like any answer).
+_BODY_MAGICS = ("%%writefile", "%%file", "%%time", "%%timeit", "%%capture")
+#: Line magics that only time or show a statement: the statement is scanned, the magic
+#: is not a finding.
+_LINE_MAGIC = re.compile(r"^(\s*)%(?:time|timeit)((?:\s+-[a-zA-Z](?:\s*\d+)?)*)\s+(\S.*)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +135,14 @@ def answers_of(submission: nbformat.NotebookNode, reference: nbformat.NotebookNo
 
 
 def _python_of(source: str) -> str:
-    """The Python IPython runs for a cell (magics and ``!`` become ``get_ipython()``)."""
+    """The Python IPython runs for a cell (magics and ``!`` become ``get_ipython()``),
+    except that the body of a ``%%writefile`` (and timing) cell magic, and the statement
+    of a ``%time``/``%timeit`` line, are kept as the Python they are, on their own lines
+    (so line numbers still match the cell)."""
+    lines = source.split("\n")
+    if lines and lines[0].strip().startswith(_BODY_MAGICS):
+        return "\n".join(["", *lines[1:]])
+    source = "\n".join(_LINE_MAGIC.sub(lambda m: m.group(1) + m.group(3), ln) for ln in lines)
     try:
         from IPython.core.inputtransformer2 import TransformerManager
 
@@ -133,7 +168,8 @@ def _dotted(node: ast.AST) -> str:
 
 
 def _blocked_module(name: str) -> bool:
-    return any(name == m or name.startswith(m + ".") for m in BLOCKED_MODULES)
+    return name.startswith("_") or any(name == m or name.startswith(m + ".")
+                                       for m in BLOCKED_MODULES)
 
 
 def _writes(call: ast.Call) -> bool:
@@ -150,11 +186,13 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
                 ) -> list[Flag]:
     """Flag the lines of one answer that reach into the machinery.
 
-    Flagged: importing :data:`BLOCKED_MODULES`; using :data:`BLOCKED_NAMES` (which
-    covers IPython magics and ``!`` shell lines, which run through ``get_ipython()``);
-    reading :data:`BLOCKED_ATTRS` (frames, globals, subclasses, file writes); assigning
-    an attribute of a module (``torch.x = ...``, ``perflab.run = ...``); ``open`` for
-    writing. ``allow`` entries exempt flags whose key equals them or starts with them
+    Flagged: importing :data:`BLOCKED_MODULES` or a private module (``_pickle``); using
+    :data:`BLOCKED_NAMES` (which covers IPython magics other than ``%time``/``%timeit``
+    and ``!`` shell lines, which run through ``get_ipython()``); reading
+    :data:`BLOCKED_ATTRS` (frames, globals, subclasses, file writes) or
+    :data:`BLOCKED_MODULE_ATTRS`; ``getattr``/``hasattr`` with a dunder string;
+    assigning an attribute of a module (``torch.x = ...``, ``perflab.run = ...``);
+    ``open`` for writing. A ``%%writefile`` cell's body is scanned as the module it is. ``allow`` entries exempt flags whose key equals them or starts with them
     (``"import os"``, ``"module attribute torch.backends"``).
 
     A static scan cannot see everything a determined student can build at run time;
@@ -176,6 +214,7 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
             imported.update(a.asname or a.name for a in node.names)
     modules = MODULE_NAMES | imported
     found: list[tuple[int, str]] = []
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
         ln = getattr(node, "lineno", 0)
         if isinstance(node, ast.Import):
@@ -187,8 +226,13 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
         elif isinstance(node, ast.Name) and node.id in BLOCKED_NAMES:
             found.append((ln, f"name {node.id}"))
         elif isinstance(node, ast.Attribute):
-            if node.attr in BLOCKED_ATTRS:
+            up = parents.get(id(node))
+            if node.attr in BLOCKED_ATTRS and not (
+                    node.attr == "__class__" and isinstance(up, ast.Attribute)
+                    and up.attr in ("__name__", "__qualname__")):
                 found.append((ln, f"attribute {node.attr}"))
+            if _dotted(node) in BLOCKED_MODULE_ATTRS and _root(node) in ("os", "sys"):
+                found.append((ln, f"attribute {_dotted(node)}"))
             if isinstance(node.ctx, (ast.Store, ast.Del)) and _root(node) in modules:
                 found.append((ln, f"module attribute {_dotted(node)}"))
             if node.attr in ("run_line_magic", "run_cell_magic", "system", "getoutput"):
@@ -196,6 +240,11 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.func.id == "open" and _writes(node)):
             found.append((ln, "open for writing"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant)
+              and str(node.args[1].value).startswith("__")):
+            found.append((ln, f"{node.func.id} {node.args[1].value}"))
     flags = []
     for ln, key in sorted(set(found)):
         if any(key == a or key.startswith(a + ".") or key.startswith(a + " ") for a in allow):
@@ -218,6 +267,10 @@ class Assembled:
     """``answer grade_id -> check grade_ids`` that come after it in the lab."""
     skipped: int = 0
     """Cells left out (tag :data:`SKIP_TAG`)."""
+    cases: dict[str, list] = dataclasses.field(default_factory=dict)
+    """``grade_id -> hidden cases`` drawn for each graded check (the grader keeps them)."""
+    judges: dict[str, object] = dataclasses.field(default_factory=dict)
+    """``grade_id -> judge(case, got)`` of each graded check, defined in the grader."""
 
 
 def _is_check(cell) -> bool:
@@ -232,14 +285,20 @@ def autograded(reference: nbformat.NotebookNode) -> dict[str, float]:
 
 
 def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
-             skip_tag: str = SKIP_TAG) -> Assembled:
+             skip_tag: str = SKIP_TAG, seed: str = "0") -> Assembled:
     """The reference notebook with the student's answers in its solution cells, each
     check cell replaced by its probe, skip-tagged cells and every secret left out.
 
+    A graded check's probe is its ``answer`` on cases drawn here from
+    ``random.Random(f"{seed}:{grade_id}")`` (:mod:`perflab.course.cases`); its ``cases``
+    and ``judge`` stay in :class:`Assembled`, outside the notebook.
+
     Raises:
-        ValueError: a check cell of the reference is malformed (see ``split_check``).
+        ValueError: a check cell of the reference is malformed (see ``split_check``), or
+            its graded part does not run or draws no case.
     """
     cells, checks, points, after = [], {}, {}, {}
+    drawn, judges = {}, {}
     answers_so_far: list[str] = []
     skipped = 0
     for ref in reference.cells:
@@ -267,7 +326,16 @@ def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
             checks[gid], points[gid] = check, float(m.get("points", 0))
             for a in answers_so_far:
                 after.setdefault(a, []).append(gid)
-            cell.source = probe_source(check)
+            if check.graded is not None:
+                cases_fn, judges[gid] = graded_functions(check.graded, gid)
+                try:
+                    drawn[gid] = draw_cases(cases_fn, f"{seed}:{gid}")
+                except Exception as e:  # noqa: BLE001 - the reference's bug, named
+                    raise ValueError(f"check {gid!r}: cases() fails: {type(e).__name__}: "
+                                     f"{e}") from e
+                cell.source = graded_probe(check.graded, drawn[gid])
+            else:
+                cell.source = probe_source(check)
             cell.metadata["perflab"] = {"probe": gid}
         else:
             cell.source = ref.source
@@ -275,7 +343,7 @@ def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = copy.deepcopy(reference.metadata.get(
         "kernelspec", {"name": "python3", "language": "python", "display_name": "Python 3"}))
-    return Assembled(nb, checks, points, after, skipped)
+    return Assembled(nb, checks, points, after, skipped, drawn, judges)
 
 
 def allowances(reference: nbformat.NotebookNode) -> dict[str, tuple[str, ...]]:

@@ -51,8 +51,9 @@ import dataclasses
 import json
 import traceback
 
-__all__ = ["JUDGE_MARKER", "FACTS_MARKER", "CheckCell", "JudgeResult", "split_check",
-           "judge_names", "probe_source", "parse_facts", "run_judge"]
+__all__ = ["JUDGE_MARKER", "FACTS_MARKER", "CheckCell", "GradedPart", "JudgeResult",
+           "split_check", "judge_names", "probe_source", "graded_probe", "graded_functions",
+           "parse_facts", "run_judge"]
 
 #: The line that starts the judge part of a check cell.
 JUDGE_MARKER = "### JUDGE"
@@ -61,6 +62,19 @@ FACTS_MARKER = "PERFLAB-FACTS "
 _BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 _END_HIDDEN = "### END HIDDEN TESTS"
 _MAX_FACTS_CHARS = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class GradedPart:
+    """The graded part of a check cell (:mod:`perflab.course.cases`)."""
+
+    answer_source: str
+    """What the sandbox runs: the block's imports and ``def answer``."""
+    grader_source: str
+    """What the grader runs to get ``cases`` and ``judge``: the block without its
+    top-level calls (the ``run_cases(...)`` line)."""
+    forbid: tuple[str, ...] = ()
+    """perflab functions the graded call may not reach (``run_cases(..., forbid=...)``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +89,9 @@ class CheckCell:
     """1-based line numbers of ``judge`` inside hidden-test regions."""
     names: tuple[str, ...]
     """The facts: names the judge reads and does not bind."""
+    graded: GradedPart | None = None
+    """The graded part (hidden cases), when the cell has one; then ``probe`` is the
+    self-check (not run in grading) and ``judge`` is empty."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +110,12 @@ def split_check(source: str) -> CheckCell:
         ValueError: more than one ``### JUDGE`` line, an unbalanced hidden-test region,
             or a judge that is not valid Python (a bug in the reference notebook).
     """
+    from perflab.course.cases import GRADED_MARKER
+
     lines = source.split("\n")
+    graded_at = [i for i, ln in enumerate(lines) if ln.strip() == GRADED_MARKER]
+    if graded_at:
+        return _split_graded(lines, graded_at)
     marks = [i for i, ln in enumerate(lines) if ln.strip().startswith(JUDGE_MARKER)]
     if len(marks) > 1:
         raise ValueError(f"a check cell has {len(marks)} '{JUDGE_MARKER}' lines; use one")
@@ -122,6 +144,81 @@ def split_check(source: str) -> CheckCell:
     except SyntaxError as e:
         raise ValueError(f"the judge part of a check cell is not valid Python: {e}") from e
     return CheckCell(probe, judge, hidden_rel, names)
+
+
+def _split_graded(lines: list[str], graded_at: list[int]) -> CheckCell:
+    from perflab.course.cases import GRADED_MARKER
+
+    where = f"a check cell with {GRADED_MARKER!r}"
+    if len(graded_at) > 1:
+        raise ValueError(f"{where} has {len(graded_at)} such lines; use one")
+    g = graded_at[0]
+    if g == 0 or not lines[g - 1].strip().startswith(_BEGIN_HIDDEN):
+        raise ValueError(f"{where}: the marker must be the first line of a "
+                         f"'{_BEGIN_HIDDEN}' region")
+    end = next((i for i in range(g + 1, len(lines))
+                if lines[i].strip().startswith(_END_HIDDEN)), None)
+    if end is None or any(ln.strip() for ln in lines[end + 1:]):
+        raise ValueError(f"{where}: the graded region must end the cell with "
+                         f"'{_END_HIDDEN}'")
+    if any(ln.strip().startswith(JUDGE_MARKER) for ln in lines):
+        raise ValueError(f"{where} cannot also have '{JUDGE_MARKER}'")
+    block = "\n".join(lines[g + 1:end])
+    try:
+        tree = ast.parse(block)
+    except SyntaxError as e:
+        raise ValueError(f"{where}: the graded part is not valid Python: {e}") from e
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for name, nargs in (("cases", 1), ("answer", 1), ("judge", 2)):
+        if name not in defs or len(defs[name].args.args) != nargs:
+            raise ValueError(f"{where}: the graded part must define {name}() with "
+                             f"{nargs} argument(s)")
+    imports = [ast.get_source_segment(block, n) for n in tree.body
+               if isinstance(n, (ast.Import, ast.ImportFrom))]
+    answer_def = defs["answer"]
+    start = answer_def.decorator_list[0].lineno if answer_def.decorator_list else \
+        answer_def.lineno
+    answer_src = "\n".join(block.split("\n")[start - 1:answer_def.end_lineno])
+    forbid: tuple[str, ...] = ()
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            for kw in node.value.keywords:
+                if kw.arg == "forbid":
+                    forbid = tuple(ast.literal_eval(kw.value))
+    kept = ast.Module(body=[n for n in tree.body if not isinstance(n, ast.Expr)],
+                      type_ignores=[])
+    part = GradedPart("\n".join([*imports, answer_src]), ast.unparse(kept), forbid)
+    return CheckCell("\n".join(lines[:g - 1]), "", frozenset(), (), part)
+
+
+def graded_probe(part: GradedPart, cases: list) -> str:
+    """The code the sandboxed kernel runs for a graded check: ``answer`` (defined inside
+    a function, so the notebook's own names are not rebound) on ``cases``, printing the
+    raw answers as one facts line (:func:`perflab.course.cases.answer_cases`)."""
+    import textwrap
+
+    body = textwrap.indent(part.answer_source, "    ")
+    cases_json = json.dumps(cases)
+    return (f"def __perflab_graded():\n{body}\n    return answer\n"
+            "__import__('perflab.course.cases', fromlist=['answer_cases']).answer_cases("
+            f"__perflab_graded(), {cases_json!r}, forbid={list(part.forbid)!r})\n"
+            "del __perflab_graded\n")
+
+
+def graded_functions(part: GradedPart, name: str = "check"):
+    """``(cases, judge)`` of a graded part, defined here in the grader (trusted
+    reference code, never in the sandbox).
+
+    Raises:
+        ValueError: the block fails to run (a bug in the reference notebook).
+    """
+    namespace: dict = {"__name__": f"perflab_judge_{name}"}
+    try:
+        exec(compile(part.grader_source, f"<graded {name}>", "exec"), namespace)  # noqa: S102
+    except Exception as e:  # noqa: BLE001 - reported as the reference's bug
+        raise ValueError(f"the graded part of check {name!r} does not run: "
+                         f"{type(e).__name__}: {e}") from e
+    return namespace["cases"], namespace["judge"]
 
 
 def judge_names(judge: str) -> tuple[str, ...]:
@@ -178,8 +275,9 @@ def parse_facts(stdout: str) -> tuple[dict | None, str]:
         return None, f"the check's facts are too large ({len(text)} characters)"
     try:
         facts = json.loads(text)
-    except ValueError as e:
-        return None, f"the check's facts are not valid JSON ({e})"
+    except (ValueError, RecursionError) as e:  # a 3,000-deep line raises RecursionError
+        return None, (f"the check's facts are not valid JSON ({type(e).__name__}: "
+                      f"{str(e)[:200]}): tampered or crashed")
     if not isinstance(facts, dict):
         return None, "the check's facts are not a JSON object"
     return facts, ""

@@ -33,7 +33,7 @@ def add_grade_arguments(parser) -> None:
     p.add_argument("--feedback", default=None, type=Path,
                    help="folder for students' <student>.md (default: 'feedback' beside --out)")
     p.add_argument("--instructor-dir", default=None, type=Path,
-                   help="instructor-only folder: logs, hidden-test messages, flags, written "
+                   help="instructor-only folder: logs, hidden-case messages, review findings, written "
                         "answers (default: 'instructor' beside --out)")
     p.add_argument("--labs", default=None, type=_lab_numbers, metavar="NN[,NN...]",
                    help="comma-separated lab numbers to grade (default: all submitted)")
@@ -50,6 +50,12 @@ def add_grade_arguments(parser) -> None:
                    help="address-space limit per process in GiB (default 8; 'none' on a GPU)")
     p.add_argument("--nproc", type=int, default=256,
                    help="processes and threads per submission (default 256)")
+    p.add_argument("--disk-gib", type=float, default=1.0,
+                   help="size of each writable file system in the sandbox (scratch, /tmp, "
+                        "/dev/shm), GiB (default 1)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the hidden cases (default: a fresh one, printed and saved "
+                        "in the instructor folder; pass it to draw the same cases again)")
     p.add_argument("--sanitize-with", default=None, type=Path, help=argparse.SUPPRESS)
 
 
@@ -69,7 +75,8 @@ def grade_command(args) -> int:
     from perflab.course.report import ScoreTable, write_answers, write_feedback
 
     limits = Limits(cell_timeout_s=args.cell_timeout, wall_timeout_s=args.wall_timeout,
-                    memory_gib=args.memory_gib, nproc=args.nproc)
+                    memory_gib=args.memory_gib, nproc=args.nproc,
+                    disk_gib=getattr(args, "disk_gib", 1.0))
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     from perflab.course.sandbox import sandbox_status
@@ -97,18 +104,24 @@ def grade_command(args) -> int:
         table.add(student, grades)
         write_feedback(grades, feedback, instructor)
 
-    grades = grade_submissions(subs, args.reference, limits=limits, labs=labs,
+    import secrets
+
+    seed = args.seed if getattr(args, "seed", None) is not None else secrets.randbits(48)
+    (instructor / "seed.txt").write_text(f"{seed}\n")
+    print(limits.describe())
+    grades = grade_submissions(subs, args.reference, limits=limits, labs=labs, seed=seed,
                                progress=print, jobs=args.jobs, sandbox=args.sandbox,
                                skip=table.students(), on_student=student_done,
                                hide=(out.resolve().parent, out.resolve(),
                                      feedback.resolve(), instructor.resolve()))
     write_answers(grades, instructor / "answers")
     errored = sum(1 for g in grades if g.error)
-    flagged = sum(1 for g in grades if g.flags)
+    review = sum(1 for g in grades if g.flags)
     graded = len(grades) - errored
     print(f"\nwrote {out} ({len(table.students())} students), feedback in {feedback}/, "
           f"instructor files in {instructor}/")
-    print(f"graded {graded}, errored {errored}, flagged {flagged} notebook(s)"
+    print(f"graded {graded}, errored {errored}, {review} notebook(s) to review (the "
+          "review column)"
           + (f"; skipped {len(table.resumed)} student(s) already in {out}"
              if table.resumed else ""))
     return 0

@@ -19,6 +19,7 @@ back as each student finishes so ``scores.csv`` grows row by row
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Callable, Literal
 import nbformat
 
 from perflab.course.answers import assemble, autograded
-from perflab.course.sandbox import sandbox_status
+from perflab.course.sandbox import SandboxUnavailable, sandbox_status
 # Limits, LabGrade, lab_key and autograded stay importable from here (the grade command
 # and the report import them with grade_submissions).
 from perflab.course.submission import (LabGrade, Limits, error_grade, grade_notebook,
@@ -55,7 +56,8 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                       sandbox: Literal["auto", "bwrap", "none"] = "auto",
                       skip: set[str] | frozenset[str] = frozenset(),
                       on_student: Callable[[str, list[LabGrade]], None] | None = None,
-                      hide: tuple[Path, ...] = ()) -> list[LabGrade]:
+                      hide: tuple[Path, ...] = (),
+                      seed: int | None = None) -> list[LabGrade]:
     """Grade ``SUBMISSIONS/<student>/NN_*.ipynb`` against ``REFERENCE/NN_*.ipynb``.
 
     Args:
@@ -69,6 +71,9 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         on_student: called with (student, their grades) as soon as all their labs are
             graded (in completion order): how scores.csv is written row by row.
         hide: more host folders to hide in the sandbox (the output folders).
+        seed: the seed the hidden cases are drawn from (with each student's name and
+            check); None: a fresh random one, printed through ``progress`` so a re-grade
+            can draw the same cases.
 
     Returns:
         One LabGrade per student and lab, students in name order; a lab a student did
@@ -79,7 +84,8 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         FileNotFoundError: no submissions folder, no student folders, or no references.
         ValueError: a requested lab has no reference notebook, ``jobs`` < 1, or a
             reference notebook is malformed.
-        RuntimeError: ``sandbox="bwrap"`` and bubblewrap does not work here.
+        SandboxUnavailable: ``sandbox="bwrap"`` and bubblewrap does not work here (the
+            only error a submission's contents cannot cause).
     """
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
@@ -92,7 +98,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                                 f"{subs}/<student>/NN_*.ipynb")
     found: dict[str, dict] = {s.name: {} for s in students}
     for s in students:
-        for nb in sorted(s.glob("*.ipynb")):
+        for nb in sorted(s.glob("*.ipynb")) if not s.is_symlink() else []:
             if lab_key(nb) is None and progress:
                 progress(f"{s.name:<20} ignored {nb.name}: not named NN_*.ipynb")
             found[s.name].setdefault(lab_key(nb), []).append(nb)
@@ -102,11 +108,17 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         raise ValueError(f"no reference notebook for lab(s) {missing} in {reference_dir}; "
                          f"labs there: {sorted(refs)}")
     if sandbox == "bwrap" and not sandbox_status()[0]:
-        raise RuntimeError(f"sandbox required but unavailable: {sandbox_status()[1]}")
+        raise SandboxUnavailable(f"sandbox required but unavailable: {sandbox_status()[1]}; "
+                                 "install bubblewrap (apt-get install bubblewrap) or pass "
+                                 "--sandbox auto")
     if sandbox == "auto" and not sandbox_status()[0] and progress:
         progress(f"WARNING: {sandbox_status()[1]}. Submissions will run WITHOUT a sandbox "
                  "(plain subprocesses with rlimits): a submission could read and change "
                  "your files. Install bubblewrap, or pass --sandbox bwrap to refuse.")
+    if seed is None:
+        seed = secrets.randbits(48)
+    if progress:
+        progress(f"hidden cases drawn with seed {seed} (--seed {seed} draws them again)")
     # Read every reference once, before any student code runs.
     ref_nbs = {lab: nbformat.read(str(refs[lab]), as_version=4) for lab in wanted}
     for lab, nb in ref_nbs.items():
@@ -122,6 +134,10 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
     def one(student: str, lab: str) -> LabGrade:
         nbs = found[student].get(lab, [])
         graded = autograded(ref_nbs[lab])
+        if (subs / student).is_symlink():
+            return error_grade(student, lab, None, graded,
+                               f"refused: the student folder {student}/ is a symbolic link; "
+                               "submit a real folder")
         if len(nbs) != 1:
             return error_grade(student, lab, None, graded,
                                f"no {lab}_*.ipynb submitted" if not nbs else
@@ -132,8 +148,9 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         try:
             return grade_notebook(nbs[0], refs[lab], student=student, limits=limits,
                                   sandbox=sandbox, hide=hide, slot=slot, threads=threads,
-                                  reference=ref_nbs[lab])
-        except RuntimeError:
+                                  reference=ref_nbs[lab], seed=seed,
+                                  inside=subs)
+        except SandboxUnavailable:
             raise
         except Exception as e:  # noqa: BLE001 - one hostile notebook never stops the batch
             return error_grade(student, lab, nbs[0], graded,

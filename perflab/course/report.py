@@ -2,8 +2,9 @@
 
 ``scores.csv`` has one row per student and one column per autograded check, named
 ``NN:grade_id`` (lab number, then nbgrader's grade_id, so labs never collide), then
-``total``, ``max_total``, ``flags`` (answers that reach into the machinery, with the
-line) and ``errors`` (why a lab could not be run). :class:`ScoreTable` rewrites it
+``total``, ``max_total``, ``review`` (for the instructor to look at, never a deduction:
+answer lines that reach into the machinery, facts records that were missing, duplicated or
+malformed) and ``error`` (why a lab could not be run, or was refused). :class:`ScoreTable` rewrites it
 atomically after every student, so a batch stopped at any moment leaves a valid table
 of everyone graded so far, and ``--resume`` continues from it.
 
@@ -70,7 +71,7 @@ class ScoreTable:
                  resume: bool = False) -> None:
         self.path = Path(path)
         self.columns = [f"{lab}:{gid}" for lab, gids in columns.items() for gid in gids]
-        self.header = ["student", *self.columns, "total", "max_total", "flags", "errors"]
+        self.header = ["student", *self.columns, "total", "max_total", "review", "error"]
         self.rows: dict[str, list[str]] = {}
         self.resumed: set[str] = set()
         if resume and self.path.exists():
@@ -134,7 +135,8 @@ def student_message(check) -> str:
     other shortened to :data:`MAX_STUDENT_MESSAGE` characters (it may quote their
     values)."""
     if check.hidden:
-        return ("a hidden test failed: your code gives a wrong result on a case the "
+        return (getattr(check, "student", "") or
+                "a hidden test failed: your code gives a wrong result on a case the "
                 "visible checks do not try")
     msg = (check.message or "no message").strip()
     return msg if len(msg) <= MAX_STUDENT_MESSAGE else msg[:MAX_STUDENT_MESSAGE] + " [...]"
@@ -173,7 +175,7 @@ def _instructor(student: str, g: LabGrade) -> str:
     if g.error:
         out += [f"**error:** {g.error}", ""]
     if g.flags:
-        out += ["## Flags", ""] + [f"- `{f}`: `{f.text}`" for f in g.flags] + [""]
+        out += ["## Review (not deducted)", ""] + [f"- `{f}`: `{f.text}`" for f in g.flags] + [""]
     if g.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in g.notes] + [""]
     out += ["## Checks", ""]

@@ -6,7 +6,9 @@ bubblewrap (Debian's ``bubblewrap``, the tool Flatpak uses), not our own code: i
 * a read-only view of the whole file system (``--ro-bind / /``: the venv and perflab
   import, nothing can be changed), with the folders in ``hide`` (the reference
   notebooks, the other submissions, the grader's own files) covered by empty tmpfs;
-* a fresh ``/tmp`` and the submission's own scratch folder (the only writable place);
+* a fresh ``/tmp``, ``/dev/shm`` and the submission's own scratch folder (the only
+  writable places), each a tmpfs of at most ``SandboxLimits.tmpfs_gib`` (bubblewrap >=
+  0.7's ``--size``; the grader's files in scratch are bound in read-only);
 * no network (``--unshare-net``: loopback only, which the Jupyter kernel needs), its own
   PID, IPC, UTS and user namespaces, and ``--die-with-parent``: when the grader kills
   the sandbox (wall-clock limit) or exits, every process inside dies with it, including
@@ -43,8 +45,13 @@ import time
 from pathlib import Path
 from typing import Literal, Sequence
 
-__all__ = ["SandboxLimits", "SandboxRun", "sandbox_status", "run_sandboxed", "SANDBOX_WORK",
-           "SLOT_UID_BASE"]
+__all__ = ["SandboxUnavailable", "SandboxLimits", "SandboxRun", "sandbox_status",
+           "run_sandboxed", "SANDBOX_WORK", "SLOT_UID_BASE"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot be made here: the one error that stops a grading batch."""
+
 
 #: Where the scratch folder appears inside the sandbox.
 SANDBOX_WORK = "/tmp/work"
@@ -68,6 +75,10 @@ class SandboxLimits:
     """Processes and threads of the sandbox's uid (RLIMIT_NPROC)."""
     file_gib: float = 1.0
     """Largest file a process may write (RLIMIT_FSIZE), GiB."""
+    tmpfs_gib: float = 1.0
+    """Size of each writable file system inside: the scratch folder, ``/tmp`` and
+    ``/dev/shm`` are tmpfs mounts of at most this many GiB each (their pages are RAM, not
+    counted by RLIMIT_AS: the three together stay within the memory budget)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +136,24 @@ def _root_mode() -> tuple[bool, str]:
                    f"unprivileged uid (fix: chmod -R a+rX {names})")
 
 
-def _bwrap_argv(uid: int | None = None) -> list[str]:
+def _size(tmpfs_gib: float | None) -> list[str]:
+    """bwrap's ``--size`` option for the next tmpfs (bubblewrap >= 0.7), or nothing."""
+    if tmpfs_gib is None or not _bwrap_has_size():
+        return []
+    return ["--size", str(int(tmpfs_gib * 2**30))]
+
+
+@functools.cache
+def _bwrap_has_size() -> bool:
+    try:
+        out = subprocess.run([shutil.which("bwrap") or "bwrap", "--help"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in out.stdout + out.stderr
+
+
+def _bwrap_argv(uid: int | None = None, tmpfs_gib: float | None = None) -> list[str]:
     """bubblewrap's options for the file system and namespaces (before hides/binds).
 
     As root with ``uid``, bwrap runs privileged (no user namespace needed) and the
@@ -135,6 +163,7 @@ def _bwrap_argv(uid: int | None = None) -> list[str]:
     tmpfs (the interpreter, venv, perflab and data bound back read-only when there).
     """
     root = os.geteuid() == 0
+    size = _size(tmpfs_gib)
     if root and uid is not None:
         ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
               "--unshare-cgroup-try"]
@@ -145,10 +174,10 @@ def _bwrap_argv(uid: int | None = None) -> list[str]:
         ns = ["--unshare-all"]
     argv = [shutil.which("bwrap") or "bwrap", *ns, "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--perms", "1777", "--tmpfs", "/tmp",
+            *size, "--perms", "1777", "--tmpfs", "/tmp",
             # multiprocessing's semaphores (and with them launch_fn's ranks) need a
             # writable /dev/shm; bwrap's --dev makes it root-owned 0755
-            "--perms", "1777", "--tmpfs", "/dev/shm"]
+            *size, "--perms", "1777", "--tmpfs", "/dev/shm"]
     # /tmp is always a fresh tmpfs; as root /root and /home are too. What the notebook
     # needs under them (a checkout or venv in /tmp, as in a CI clone) is bound back.
     private = [Path("/tmp").resolve()]
@@ -314,11 +343,11 @@ def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
         A :class:`SandboxRun`; never raises for anything the command does.
 
     Raises:
-        RuntimeError: ``mode="bwrap"`` and bubblewrap does not work here.
+        SandboxUnavailable: ``mode="bwrap"`` and bubblewrap does not work here.
     """
     ok, why = sandbox_status() if mode != "none" else (False, "sandbox disabled (mode='none')")
     if mode == "bwrap" and not ok:
-        raise RuntimeError(f"sandbox required but unavailable: {why}")
+        raise SandboxUnavailable(f"sandbox required but unavailable: {why}")
     sandboxed = ok and mode != "none"
     warning = "" if sandboxed else (
         f"WARNING: NOT SANDBOXED ({why}): this submission ran as a plain subprocess with "
@@ -347,14 +376,23 @@ def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: Sand
         nproc = limits.nproc + _processes_of(os.getuid())
     if sandboxed:
         inner_cmd = [c.replace(str(scratch), SANDBOX_WORK) for c in cmd]
-        argv = _bwrap_argv(uid)
+        argv = _bwrap_argv(uid, limits.tmpfs_gib)
         for h in hide:
             h = Path(h).resolve()
             if h.is_dir():
                 argv += ["--tmpfs", str(h)]
             elif h.exists():
                 argv += ["--ro-bind", "/dev/null", str(h)]
-        argv += ["--bind", str(scratch), SANDBOX_WORK, "--chdir", SANDBOX_WORK, "--clearenv"]
+        if _size(limits.tmpfs_gib):
+            # scratch is a size-limited tmpfs with the grader's files bound in read-only
+            argv += [*_size(limits.tmpfs_gib), "--perms", "1777", "--tmpfs", SANDBOX_WORK]
+            for entry in sorted(scratch.iterdir()):
+                inside = f"{SANDBOX_WORK}/{entry.name}"
+                argv += (["--perms", "1777", "--dir", inside] if entry.is_dir()
+                         else ["--ro-bind", str(entry), inside])
+        else:
+            argv += ["--bind", str(scratch), SANDBOX_WORK]
+        argv += ["--chdir", SANDBOX_WORK, "--clearenv"]
         for k, v in env.items():
             argv += ["--setenv", k, v.replace(str(scratch), SANDBOX_WORK)]
         argv += ["--", *_drop_to(uid), *inner_cmd]

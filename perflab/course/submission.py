@@ -33,6 +33,7 @@ import nbformat
 
 from perflab.course.answers import (SKIP_TAG, Flag, allowances, answers_of, assemble,
                                     autograded, scan_answer, written_answers)
+from perflab.course.cases import judge_answers
 from perflab.course.checks import parse_facts, run_judge
 from perflab.course.sandbox import SandboxLimits, run_sandboxed
 
@@ -58,9 +59,20 @@ class Limits:
     """Processes and threads the submission may have at once (RLIMIT_NPROC)."""
     cpu_s: float | None = None
     """CPU seconds per process (RLIMIT_CPU); None: ``wall_timeout_s``."""
+    disk_gib: float = 1.0
+    """Size of each writable file system in the sandbox (scratch, ``/tmp``, ``/dev/shm``:
+    tmpfs, so RAM beside the per-process ``memory_gib``), GiB."""
+
+    def describe(self) -> str:
+        """One line for the grading header."""
+        mem = "no limit" if self.memory_gib is None else f"{self.memory_gib:g} GiB"
+        return (f"limits per notebook: {self.wall_timeout_s:g} s wall, {self.cell_timeout_s:g} s "
+                f"per cell, address space {mem} per process, {self.nproc} processes, "
+                f"scratch, /tmp and /dev/shm {self.disk_gib:g} GiB each (tmpfs)")
 
     def __post_init__(self) -> None:
-        for name in ("cell_timeout_s", "wall_timeout_s", "memory_gib", "nproc", "cpu_s"):
+        for name in ("cell_timeout_s", "wall_timeout_s", "memory_gib", "nproc", "cpu_s",
+                     "disk_gib"):
             v = getattr(self, name)
             if v is None and name in ("memory_gib", "cpu_s"):
                 continue
@@ -78,11 +90,14 @@ class CheckResult:
     grade_id: str
     max_points: float
     points: float
-    status: Literal["passed", "failed", "not run", "flagged"]
+    status: Literal["passed", "failed", "not run"]
     message: str = ""
     """For the instructor: the full message (hidden tests and reference values too)."""
     hidden: bool = False
     """The failure came from a hidden test: the student sees only that one failed."""
+    student: str = ""
+    """What the student may see of a hidden failure (which hidden case, what kind of
+    failure; never the case or its expected value). Empty: a generic line."""
 
 
 @dataclasses.dataclass
@@ -205,7 +220,8 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                    sandbox: Literal["auto", "bwrap", "none"] = "auto",
                    hide: tuple[Path, ...] = (), slot: int = 0, threads: int | None = None,
                    skip_tag: str = SKIP_TAG,
-                   reference: nbformat.NotebookNode | None = None) -> LabGrade:
+                   reference: nbformat.NotebookNode | None = None,
+                   seed: str | int = 0, inside: str | Path | None = None) -> LabGrade:
     """Grade one submitted notebook against its reference notebook.
 
     Args:
@@ -223,6 +239,10 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         slot: parallel slot (an unprivileged uid per slot when running as root).
         threads: CPU threads for the notebook (OMP_NUM_THREADS); None: the default.
         skip_tag: cells with this tag do not run.
+        inside: the submissions folder: a notebook that is a symbolic link, or resolves
+            outside it, is refused (None: only symbolic links are).
+        seed: the grading run's seed; the hidden cases of each graded check are drawn
+            from it, the student's name and the check's grade_id.
 
     Returns:
         A :class:`LabGrade`. Never raises for anything the submission does: an
@@ -238,6 +258,11 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         reference = nbformat.read(str(reference_path), as_version=4)
     graded = autograded(reference)
     lab = lab_key(reference_path) or reference_path.stem
+    outside = inside is not None and Path(inside).resolve() not in path.resolve().parents
+    if path.is_symlink() or outside:
+        return error_grade(student, lab, path, graded,
+                           f"refused: {path.name} is a symbolic link or lies outside the "
+                           "submissions folder; submit the notebook file itself")
     try:
         submission = nbformat.read(str(path), as_version=4)
         if not isinstance(submission.get("cells"), list):
@@ -249,7 +274,7 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                            f"{str(e)[:200]}); nothing was run")
     allow = allowances(reference)
     flags = [f for gid, src in answers.items() for f in scan_answer(gid, src, allow.get(gid, ()))]
-    assembled = assemble(reference, answers, skip_tag=skip_tag)
+    assembled = assemble(reference, answers, skip_tag=skip_tag, seed=f"{seed}:{student}")
     grade = LabGrade(student, lab, path, [], flags=flags, notes=notes,
                      written=written_answers(submission, reference))
     with tempfile.TemporaryDirectory(prefix="perflab-grade-") as tmp:
@@ -274,7 +299,7 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                 hide=hidden, pass_fds=[fd], slot=slot,
                 mode=sandbox, limits=SandboxLimits(
                     wall_timeout_s=limits.wall_timeout_s, memory_gib=limits.memory_gib,
-                    cpu_s=limits.cpu_s, nproc=limits.nproc))
+                    cpu_s=limits.cpu_s, nproc=limits.nproc, tmpfs_gib=limits.disk_gib))
         finally:
             os.close(fd)
         records, bad = _records(channel)
@@ -298,29 +323,31 @@ def _score(grade: LabGrade, assembled, graded: dict[str, float], records: list[d
                    f"not run: the notebook's wall-clock limit ({limits.wall_timeout_s:g} s) "
                    "was reached" if hit_wall else
                    "not run: the notebook stopped before this check (see the log)")
-    flagged_by: dict[str, Flag] = {}
-    for f in grade.flags:
-        for gid in assembled.after.get(f.grade_id, []):
-            flagged_by.setdefault(gid, f)
     for gid, pts in graded.items():
         r = by_probe.get(gid)
-        if gid in flagged_by:
-            f = flagged_by[gid]
-            grade.checks.append(CheckResult(
-                gid, pts, 0.0, "flagged", f"0 points: answer {f.grade_id!r} line {f.line} "
-                f"reaches into the machinery ({f.key}); the instructor will review it"))
-        elif r is None or r.get("outcome") == "skipped":
+        if r is None or r.get("outcome") == "skipped":
             grade.checks.append(CheckResult(gid, pts, 0.0, "not run", why_not_run))
-        elif r.get("outcome") != "passed":
+            continue
+        if r.get("outcome") != "passed":
             grade.checks.append(CheckResult(gid, pts, 0.0, "failed", str(r.get("message", ""))))
-        else:
-            facts, why = parse_facts("\n".join(r.get("facts_lines", [])))
-            if facts is None:
-                if len(r.get("facts_lines", [])) > 1:
-                    grade.flags.append(Flag(gid, 0, "forged fact lines in the check's output"))
-                grade.checks.append(CheckResult(gid, pts, 0.0, "failed", why))
-                continue
-            verdict = run_judge(assembled.checks[gid], facts, name=gid)
-            grade.checks.append(CheckResult(gid, pts, pts if verdict.passed else 0.0,
-                                            "passed" if verdict.passed else "failed",
-                                            verdict.message, verdict.hidden))
+            continue
+        facts, why = parse_facts("\n".join(r.get("facts_lines", [])))
+        if facts is None:
+            # Whatever the kernel printed, a check without exactly one readable record
+            # scores 0 and goes to the instructor's review column.
+            grade.flags.append(Flag(gid, 0, f"facts record: {why}"))
+            grade.checks.append(CheckResult(gid, pts, 0.0, "failed", why))
+            continue
+        if gid in assembled.judges:
+            outcome = judge_answers(assembled.judges[gid], assembled.cases[gid], facts)
+            if not outcome.passed and outcome.message.endswith("(tampered or crashed)"):
+                grade.flags.append(Flag(gid, 0, f"answers record: {outcome.message}"))
+            grade.checks.append(CheckResult(
+                gid, pts, pts if outcome.passed else 0.0,
+                "passed" if outcome.passed else "failed", outcome.message,
+                hidden=not outcome.passed, student=outcome.student))
+            continue
+        verdict = run_judge(assembled.checks[gid], facts, name=gid)
+        grade.checks.append(CheckResult(gid, pts, pts if verdict.passed else 0.0,
+                                        "passed" if verdict.passed else "failed",
+                                        verdict.message, verdict.hidden))

@@ -22,7 +22,7 @@ import importlib
 from contextlib import contextmanager
 from typing import Any, Iterator, MutableMapping
 
-__all__ = ["calls_to"]
+__all__ = ["calls_to", "resolve"]
 
 
 @contextmanager
@@ -87,6 +87,22 @@ def calls_to(*names: str, namespace: MutableMapping[str, Any] | None = None
                 setattr(owner, attr, old)
             else:
                 delattr(owner, attr)
+
+
+def resolve(name: str) -> Any:
+    """The object a public perflab name (``"measure"``) or a dotted path
+    (``"torch.utils.flop_counter.FlopCounterMode"``) names.
+
+    Raises:
+        ValueError: no such public perflab name, or the dotted path does not resolve.
+    """
+    if "." not in name:
+        return getattr(_home(name), name)
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{name!r} does not name an importable object ({e})") from e
 
 
 def _home(name: str) -> Any:

@@ -225,12 +225,16 @@ def test_missing_and_duplicated_answers(reference):
 
 
 @pytest.mark.parametrize("src, keys", [
-    ("import os", ["import os"]),
-    ("from sys import modules", ["import sys"]),
+    ("import os\nos.system('ls')", ["attribute os.system", "IPython system"]),
+    ("import sys\nsys.modules['json'].dumps", ["attribute sys.modules"]),
     ("import ctypes as c, gc", ["import ctypes", "import gc"]),
+    ("import _pickle", ["import _pickle"]),
+    ("from unittest import mock", ["import unittest"]),
+    ("f = getattr(json, '__dict__')", ["getattr __dict__"]),
     ("get_ipython().events.register('pre_run_cell', f)", ["name get_ipython"]),
     ("!ls /", ["IPython system", "name get_ipython"]),
-    ("%timeit f()", ["IPython run_line_magic", "name get_ipython"]),
+    ("%matplotlib inline", ["IPython run_line_magic", "name get_ipython"]),
+    ("%%writefile mod.py\nimport json\njson.dumps = str", ["module attribute json.dumps"]),
     ("m = __import__('o' + 's')", ["name __import__"]),
     ("().__class__.__base__.__subclasses__()",
      ["attribute __base__", "attribute __class__", "attribute __subclasses__"]),
@@ -241,9 +245,23 @@ def test_missing_and_duplicated_answers(reference):
     ("exec('x = 1')", ["name exec"]),
 ])
 def test_scan_answer_flags_reaching_into_the_machinery(src, keys):
-    flags = scan_answer("ex", "x = 1\n" + src)
+    flags = scan_answer("ex", src if src.startswith("%%") else "x = 1\n" + src)
     assert sorted(f.key for f in flags) == sorted(keys)
-    assert all(f.line == 2 + src.count("\n") and f.grade_id == "ex" for f in flags)
+    last = 1 + src.count("\n") + (0 if src.startswith("%%") else 1)
+    assert all(f.line == last and f.grade_id == "ex" for f in flags)
+
+
+@pytest.mark.parametrize("src", [
+    "import os\nthreads = os.cpu_count()\npath = os.path.join('a', 'b')",
+    "class A:\n    def __repr__(self):\n        return f'{self.__class__.__name__}()'",
+    "%time loss = step()", "%timeit -n 3 -r 2 step()", "%%time\nloss = step()",
+    "import sys\nsize = sys.getsizeof(x)", "from pathlib import Path\np = Path('a')",
+    "torch.save(model.state_dict(), 'model.pt')",
+    "%%writefile my_ddp.py\nimport os\nimport torch.distributed as dist\n"
+    "def rank():\n    return dist.get_rank()",
+])
+def test_scan_answer_leaves_honest_idioms_alone(src):
+    assert scan_answer("ex", src) == []
 
 
 def test_scan_answer_leaves_ordinary_answers_alone_and_honours_allow():
@@ -254,9 +272,9 @@ def test_scan_answer_leaves_ordinary_answers_alone_and_honours_allow():
                 "not valid python (")
     assert scan_answer("ex", ordinary[:-len("not valid python (")]) == []
     assert scan_answer("ex", ordinary) == []  # a syntax error fails when it runs
-    src = "import os\ntorch.backends.cudnn.benchmark = True"
-    assert scan_answer("ex", src, allow=["import os", "module attribute torch.backends"]) == []
-    assert [str(f) for f in scan_answer("ex", src, allow=["import os"])] == [
+    src = "import gc\ntorch.backends.cudnn.benchmark = True"
+    assert scan_answer("ex", src, allow=["import gc", "module attribute torch.backends"]) == []
+    assert [str(f) for f in scan_answer("ex", src, allow=["import gc"])] == [
         "ex line 2: module attribute torch.backends.cudnn.benchmark"]
 
 
@@ -288,14 +306,14 @@ def test_score_table_rows_are_atomic_and_resumable(tmp_path):
     table.add("bo", [_grade("bo", 2)])
     first = list(csv.DictReader(path.open()))
     assert first == [{"student": "bo", "09:check_a": "2", "09:check_b": "1", "total": "3",
-                      "max_total": "3", "flags": "", "errors": ""}]
+                      "max_total": "3", "review": "", "error": ""}]
     g = _grade("al", 0)
     g.flags.append(Flag("my_x", 3, "import os"))
     g.error = ""
     table.add("al", [g])
     rows = list(csv.DictReader(path.open()))
     assert [r["student"] for r in rows] == ["al", "bo"]
-    assert rows[0]["flags"] == "lab 09: my_x line 3: import os"
+    assert rows[0]["review"] == "lab 09: my_x line 3: import os"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".scores")]  # no temp left
     again = ScoreTable(path, {"09": ["check_a", "check_b"]}, resume=True)
     assert again.students() == {"al", "bo"} == again.resumed
@@ -366,8 +384,8 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
         "a_correct": "4", "b_wrong": "1", "c_tamper": "2", "d_hang": "2", "e_invalid": "0",
         "f_nothing": "0"}
     assert rows["b_wrong"]["09:check_answer"] == "0" and rows["b_wrong"]["09:check_base"] == "1"
-    assert "not a valid notebook" in rows["e_invalid"]["errors"]
-    assert rows["f_nothing"]["errors"] == "lab 09: no 09_*.ipynb submitted"
+    assert "not a valid notebook" in rows["e_invalid"]["error"]
+    assert rows["f_nothing"]["error"] == "lab 09: no 09_*.ipynb submitted"
     fb = (tmp_path / "out" / "feedback" / "b_wrong.md").read_text()
     assert "answer is 41, expected 42" in fb  # the check's own message
     assert "a hidden test failed" in fb and "should be -6" not in fb  # double(-3) == -1

@@ -171,7 +171,7 @@ def _points(row, lab):
 
 
 def _flagged(row, *keys):
-    return all(k in row["flags"] for k in keys)
+    return all(k in row["review"] for k in keys)
 
 
 @pytest.mark.slow
@@ -179,7 +179,7 @@ def test_the_rest_of_the_batch_is_graded_correctly(batch):
     rows = batch["rows"]
     assert _points(rows["zz_correct"], "09") == {"check_answer": 2, "check_double": 1,
                                                   "check_base": 1}
-    assert rows["zz_correct"]["total"] == "8" and rows["zz_correct"]["flags"] == ""
+    assert rows["zz_correct"]["total"] == "8" and rows["zz_correct"]["review"] == ""
     assert batch["wall"] < 300
 
 
@@ -273,7 +273,7 @@ def test_infinite_loop(batch):
 @pytest.mark.slow
 def test_non_notebook_file(batch):
     row = batch["rows"]["not_a_notebook"]
-    assert row["total"] == "0" and "not a valid notebook" in row["errors"]
+    assert row["total"] == "0" and "not a valid notebook" in row["error"]
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The grading sandbox (bubblewrap): what a submission can see, write, reach and leave."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -12,7 +13,8 @@ import psutil
 import pytest
 
 from perflab.course import sandbox
-from perflab.course.sandbox import SANDBOX_WORK, SandboxLimits, run_sandboxed, sandbox_status
+from perflab.course.sandbox import (SANDBOX_WORK, SandboxLimits, _bwrap_has_size, run_sandboxed,
+                                    sandbox_status)
 
 needs_bwrap = pytest.mark.skipif(not sandbox_status()[0],
                                  reason=f"no working bubblewrap here: {sandbox_status()[1]}")
@@ -44,7 +46,15 @@ try:
     out["net"] = "connected"
 except OSError as e:
     out["net"] = "no network"
-open("result.json", "w").write(json.dumps(out))
+for name, folder in [("scratch_full", "."), ("tmp_full", "/tmp"), ("shm_full", "/dev/shm")]:
+    try:
+        with open(os.path.join(folder, "big.bin"), "wb") as f:
+            for _ in range(8):
+                f.write(b"x" * 2**20)
+        out[name] = "written"
+    except OSError as e:
+        out[name] = type(e).__name__ + str(e.errno)
+print("RESULT " + json.dumps(out))
 """
 
 
@@ -58,12 +68,18 @@ def test_sandbox_hides_folders_is_read_only_and_offline(tmp_path):
     (secret / "01_solution.ipynb").write_text("the answers")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    limits = dataclasses.replace(LIMITS, tmpfs_gib=4 / 1024)  # 4 MiB each; it writes 8
     run = run_sandboxed([sys.executable, "-c", PROBE, str(secret)], scratch=scratch,
-                        env={"PATH": "/usr/bin:/bin"}, limits=LIMITS,
+                        env={"PATH": "/usr/bin:/bin"}, limits=limits,
                         log_path=tmp_path / "log.txt", hide=[secret])
-    assert run.sandboxed and run.returncode == 0 and "NOT SANDBOXED" not in run.warning, \
-        (tmp_path / "log.txt").read_text()
-    out = json.loads((scratch / "result.json").read_text())
+    log = (tmp_path / "log.txt").read_text()
+    assert run.sandboxed and run.returncode == 0 and "NOT SANDBOXED" not in run.warning, log
+    (line,) = [ln for ln in log.splitlines() if ln.startswith("RESULT ")]
+    out = json.loads(line[len("RESULT "):])
+    # scratch, /tmp and /dev/shm are size-limited tmpfs (ENOSPC), where bwrap has --size
+    if _bwrap_has_size():
+        assert out["scratch_full"] == out["tmp_full"] == out["shm_full"] == "OSError28", out
+    assert not (scratch / "big.bin").exists()  # nothing reaches the host's disk
     assert out["secret_dir"] == []  # an empty tmpfs covers it (what is written there is lost)
     assert out["root_fs"] == "OSError30"  # EROFS
     assert out["net"] == "no network"

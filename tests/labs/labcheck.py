@@ -10,7 +10,9 @@ from pathlib import Path
 
 import nbformat
 
-from perflab.course.checks import JudgeResult, run_judge, split_check
+from perflab.course.cases import draw_cases, judge_answers
+from perflab.course.checks import (CheckCell, JudgeResult, graded_functions, graded_probe,
+                                   parse_facts, run_judge, split_check)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,9 +47,13 @@ class Lab:
     def solution(self, gid: str) -> str:
         return self.cells[gid]
 
-    def judge(self, ns: dict, check_gid: str):
-        """Run the check's probe in ``ns`` and its judge on the facts (JSON round trip)."""
+    def judge(self, ns: dict, check_gid: str, seed: int | str = 0):
+        """Run the check's probe in ``ns`` and its judge on the facts (JSON round trip).
+        A graded check (hidden cases) runs as grading runs it: its ``answer`` in ``ns``
+        on cases drawn at ``seed``, its ``cases`` and ``judge`` apart, answers as JSON."""
         check = split_check(self.cells[check_gid])
+        if check.graded is not None:
+            return graded_verdict(check, ns, check_gid, seed)
         if check.probe.strip():
             try:
                 exec(compile(check.probe, f"<probe {check_gid}>", "exec"), ns)
@@ -58,6 +64,25 @@ class Lab:
                                       else sorted(o) if isinstance(o, (set, frozenset))
                                       else repr(o)[:500]))
         return run_judge(check, facts, name=check_gid)
+
+
+def graded_verdict(check: CheckCell, ns: dict, name: str, seed: int | str = 0) -> JudgeResult:
+    """A graded check on the answers in ``ns``, the way grading does it: cases drawn
+    from ``seed`` in the grader, the sandbox's probe (``answer`` + the facts line) run
+    in ``ns``, the printed facts parsed and judged apart."""
+    import contextlib
+    import io
+
+    cases_fn, judge = graded_functions(check.graded, name)
+    cases = draw_cases(cases_fn, seed)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(graded_probe(check.graded, cases), f"<probe {name}>", "exec"), ns)
+    facts, why = parse_facts(out.getvalue())
+    if facts is None:
+        return JudgeResult(False, why)
+    outcome = judge_answers(judge, cases, facts)
+    return JudgeResult(outcome.passed, outcome.message, hidden=not outcome.passed)
 
 
 def assert_judge_decides(source: str, right: dict, wrongs: list[tuple[dict, bool]],

@@ -1,5 +1,7 @@
-"""Every check cell of solutions/ in the probe / judge format: its judge passes on right
-facts and fails on wrong ones (no kernel: judges run on plain JSON values, as in grading).
+"""Every check cell of solutions/: in the probe / judge format, its judge passes on right
+facts and fails on wrong ones (no kernel: judges run on plain JSON values, as in grading);
+a graded check (hidden cases, perflab.course.cases) is tried on real wrong answers in its
+lab's test file. No graded part, judge or reference reaches labs/.
 """
 from __future__ import annotations
 
@@ -24,10 +26,6 @@ _KNOBS = {"storage_latency_ms": 5.0, "compute_only": False, "model": "resnet18",
 #: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]) for the
 #: checks of labs without their own test file; the labs' own files judge theirs.
 FACTS = {
-    ("00", "check_samples_per_s"): ({"got": [320.0, 32.0, 80.0]},
-                                    [({"got": [3.2, 32.0, 80.0]}, False)]),
-    ("00", "check_throughput"): ({"facts": {"mine": 320.0, "batch_size": 32, "median_s": 0.1}},
-                                 [({"facts": {"mine": 32.0, "batch_size": 32, "median_s": 0.1}}, False)]),
     ("02", "check_fixed_pipeline"): (
         {"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "device_prefetch": True}, "slow_knobs": _KNOBS},
         [({"fixed_knobs": {**_KNOBS, "device_prefetch": True}, "slow_knobs": _KNOBS}, False),
@@ -58,8 +56,10 @@ from tests.labs.test_lab08_checks import FACTS as FACTS_08  # noqa: E402 - Lab 0
 FACTS.update(FACTS_08)
 from tests.labs.test_lab01_checks import CHECKS_TESTED as REAL_01  # noqa: E402 - Labs 01/02: judges
 from tests.labs.test_lab02_checks import CHECKS_TESTED as REAL_02  # noqa: E402 - run on real answers' facts
+from tests.labs.test_lab00_checks import CHECKS_TESTED as REAL_00  # noqa: E402 - graded checks
 #: Checks whose wrong answers run through the real probes in their own test files.
-REAL_ANSWERS = {("01", g) for g in REAL_01} | {("02", g) for g in REAL_02}
+REAL_ANSWERS = {("01", g) for g in REAL_01} | {("02", g) for g in REAL_02} | \
+    {("00", g) for g in REAL_00}
 
 
 def _checks() -> dict[tuple[str, str], str]:
@@ -90,6 +90,53 @@ def test_judge_passes_right_facts_and_fails_wrong_ones(key):
 def test_no_check_grades_a_live_timing():
     """The judges read no live clock: none imports time or perflab's timing tools."""
     for key, src in CHECKS.items():
-        judge = split_check(src).judge
+        check = split_check(src)
+        judge = check.graded.grader_source if check.graded else check.judge
         for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_"):
             assert word not in judge, (key, word)
+
+
+def _graded_lines() -> dict[tuple[str, str], list[str]]:
+    out = {}
+    for key, src in CHECKS.items():
+        check = split_check(src)
+        if check.graded is not None:
+            body = check.graded.grader_source + "\n" + check.graded.answer_source
+            out[key] = [ln.strip() for ln in body.splitlines()
+                        if len(ln.strip()) > 12 and not ln.strip().startswith(("import ", "from "))]
+    return out
+
+
+def _cells(folder: str) -> dict[tuple[str, str], str]:
+    out = {}
+    for path in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+        for c in nbformat.read(str(path), as_version=4).cells:
+            gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            if gid:
+                out[path.name[:2], gid] = c.source
+    return out
+
+
+def test_no_graded_part_or_solution_reaches_labs():
+    """Not a line of a graded part (its cases, answer, judge: the references) is in any
+    file under labs/, and no line of a lab's reference solutions is in the self-check a
+    student sees of a graded check."""
+    import re
+
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "labs").rglob("*")) if p.is_file())
+    graded = _graded_lines()
+    assert graded, "no graded check found"
+    for key, lines in graded.items():
+        for ln in lines:
+            assert ln not in text, (key, ln)
+    assert "### GRADED" not in text
+    student = _cells("labs")
+    solutions: dict[str, list[str]] = {}
+    for (lab, _), src in _cells("solutions").items():
+        for block in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", src, re.S):
+            solutions.setdefault(lab, []).extend(
+                ln.strip() for ln in block.splitlines()
+                if len(ln.strip()) > 16 and not ln.strip().startswith("#"))
+    for key in graded:
+        for ln in solutions.get(key[0], []):
+            assert ln not in student[key], (key, ln)

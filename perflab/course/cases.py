@@ -1,0 +1,241 @@
+"""Graded checks on hidden cases: drawn at grade time, answered in the sandbox, judged
+outside it.
+
+A check cell of a solution notebook has two parts (:mod:`perflab.course.checks`):
+
+* a **self-check**, visible in ``labs/``: the student's code on the exercise's public
+  examples, with ``PASS`` or what is wrong. Feedback, worth no points.
+* the **graded part**, the last hidden-test region of the cell, starting with
+  :data:`GRADED_MARKER`; nbgrader strips it, so it never reaches ``labs/``::
+
+      ### BEGIN HIDDEN TESTS
+      ### GRADED
+      def cases(rng):             # the grader: draw hidden cases (rng: random.Random)
+          return [(rng.randint(1, 512), rng.uniform(0.01, 3.0)) for _ in range(5)]
+
+      def answer(case):           # the sandbox: the student's code on one case
+          return my_samples_per_s(*case)
+
+      def judge(case, got):       # the grader: reference on the same case, decides
+          b, s = case
+          assert abs(got - b / s) <= 1e-9 * b / s, f"got {got!r}, expected {b / s!r}"
+
+      from perflab.course.cases import run_cases
+      run_cases(cases, answer, judge, forbid=["measure"])
+      ### END HIDDEN TESTS
+
+In ``solutions/`` (under nbval, in the tests) :func:`run_cases` runs all three in the
+kernel, exactly as grading does (the same JSON round trips), on seed 0. In grading the
+grader draws the cases from a seed the notebook never sees, runs only ``answer`` (and
+the block's imports) in the sandbox through :func:`answer_cases`, which prints the raw
+answers as one facts line, and runs ``cases`` and ``judge`` outside
+(:func:`judge_answers`). ``forbid`` names perflab functions the exercise asks the student
+to write themselves: a graded call that reaches one (however: an alias, a default
+argument, a closure) fails, found by ``sys.setprofile`` on the functions' code objects.
+
+Cases and answers are data: numbers, strings, bools, None, lists and dicts with string
+keys (tuples become lists; tensors and arrays ``.tolist()``; sets sorted lists). This
+module imports only the standard library: the kernel imports it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import sys
+from typing import Any, Callable, Iterable
+
+__all__ = ["GRADED_MARKER", "MAX_DEPTH", "to_data", "draw_cases", "run_cases",
+           "answer_cases", "judge_answers", "CaseOutcome"]
+
+#: The first line of a check cell's graded part (inside its last hidden-test region).
+GRADED_MARKER = "### GRADED"
+#: Deepest nesting of lists/dicts a case or an answer may have.
+MAX_DEPTH = 12
+#: Longest error text an answer record keeps.
+_MAX_ERROR = 300
+
+
+def to_data(value: Any, *, _depth: int = 0) -> Any:
+    """``value`` as plain JSON data: tensors and arrays as (nested) lists, tuples as
+    lists, sets as sorted lists, numpy scalars as numbers; dict keys must be strings.
+
+    Raises:
+        TypeError: a value that is not data (a function, a module, an object), naming
+            its type.
+        ValueError: nesting deeper than :data:`MAX_DEPTH`.
+    """
+    if _depth > MAX_DEPTH:
+        raise ValueError(f"the value is nested deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [to_data(v, _depth=_depth + 1) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(to_data(v, _depth=_depth + 1) for v in value)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("dict keys must be strings")
+        return {k: to_data(v, _depth=_depth + 1) for k, v in value.items()}
+    if hasattr(value, "tolist") and callable(value.tolist):  # tensors, arrays, np scalars
+        return to_data(value.tolist(), _depth=_depth)
+    raise TypeError(f"a {type(value).__name__} is not data (return numbers, strings, "
+                    "lists, dicts or tensors)")
+
+
+def _round_trip(value: Any) -> Any:
+    """``value`` exactly as the other side of the sandbox receives it."""
+    return json.loads(json.dumps(to_data(value), allow_nan=True))
+
+
+def draw_cases(cases: Callable[[random.Random], Iterable], seed: int | str) -> list:
+    """The cases ``cases`` draws from ``random.Random(seed)``, as data.
+
+    Raises:
+        ValueError: it drew no case (a check must never pass on nothing).
+        TypeError: a case is not data.
+    """
+    drawn = _round_trip(list(cases(random.Random(seed))))
+    if not drawn:
+        raise ValueError("the check's cases() drew no case: a check must try at least one")
+    return drawn
+
+
+class _Spy:
+    """Record calls to given functions' code objects while active (sys.setprofile):
+    whatever name, default argument or closure reached them."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.codes: dict[Any, str] = {}
+        self.hits: list[str] = []
+        if names:
+            from perflab.labs.checking import resolve  # perflab loaded only when asked
+
+            for name in names:
+                fn = resolve(name)
+                while hasattr(fn, "__wrapped__"):
+                    fn = fn.__wrapped__
+                code = getattr(fn, "__code__", None)
+                if code is not None:
+                    self.codes[code] = name
+
+    def _profile(self, frame, event, arg) -> None:
+        if event == "call" and frame.f_code in self.codes:
+            name = self.codes[frame.f_code]
+            if name not in self.hits:
+                self.hits.append(name)
+
+    def __enter__(self) -> "_Spy":
+        if self.codes:
+            self._old = sys.getprofile()
+            sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.codes:
+            sys.setprofile(self._old)
+
+
+def _answer_one(answer: Callable[[Any], Any], case: Any) -> dict:
+    try:
+        return {"value": _round_trip(answer(case))}
+    except Exception as e:  # noqa: BLE001 - any failure of the student's code is an answer
+        return {"error": f"{type(e).__name__}: {e}"[:_MAX_ERROR]}
+
+
+def answer_cases(answer: Callable[[Any], Any], cases_json: str, *,
+                 forbid: Iterable[str] = ()) -> None:
+    """Run in the sandbox: ``answer`` on each case of ``cases_json``, printing one facts
+    line (:data:`perflab.course.checks.FACTS_MARKER`) with ``{"got": [{"value": ...} or
+    {"error": "Type: message"}, ...], "delegated": [names of forbidden functions that
+    ran]}``. Nothing is decided here: the grader judges the values."""
+    from perflab.course.checks import FACTS_MARKER
+
+    cases = json.loads(cases_json)
+    with _Spy(forbid) as spy:
+        got = [_answer_one(answer, case) for case in cases]
+    print(FACTS_MARKER + json.dumps({"got": got, "delegated": spy.hits}), flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseOutcome:
+    """The grader's verdict on one graded check's answers."""
+
+    passed: bool
+    message: str = ""
+    """For the instructor: the case, the answer, the judge's message."""
+    student: str = ""
+    """What the student may see: which hidden case failed and how, never the case."""
+    failed_case: int | None = None
+    """1-based index of the first hidden case that failed (None: none did)."""
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def judge_answers(judge: Callable[[Any, Any], None], cases: list, facts: Any) -> CaseOutcome:
+    """Decide a graded check outside the sandbox: ``facts`` (what :func:`answer_cases`
+    printed, parsed) against ``judge`` on each case.
+
+    ``message`` is for the instructor (the case, the answer, the judge's message);
+    ``student`` is what the student may see: which hidden case failed and the kind of
+    failure, never the case or its expected value.
+    """
+    n = len(cases)
+    if not isinstance(facts, dict) or not isinstance(facts.get("got"), list) \
+            or not isinstance(facts.get("delegated", []), list):
+        return CaseOutcome(False, "the answers record is malformed (tampered or crashed)",
+                           "your answers could not be read (tampered or crashed)")
+    got = facts["got"]
+    if len(got) != n:
+        return CaseOutcome(False, f"{len(got)} answers for {n} cases (tampered or crashed)",
+                           "your answers could not be read (tampered or crashed)")
+    delegated = [str(d)[:80] for d in facts.get("delegated", [])]
+    if delegated:
+        why = (f"the graded call ran perflab's {', '.join(delegated)}: the exercise asks "
+               "you to write it yourself")
+        return CaseOutcome(False, why, why)
+    for k, (case, rec) in enumerate(zip(cases, got), start=1):
+        if not isinstance(rec, dict) or ("value" in rec) == ("error" in rec):
+            return CaseOutcome(False, f"hidden case {k}/{n}: malformed answer record "
+                               f"{_short(rec)} (tampered)",
+                               f"hidden case {k} of {n}: your answer could not be read",
+                               k)
+        if "error" in rec:
+            kind = str(rec["error"]).split(":", 1)[0][:60]
+            return CaseOutcome(False, f"hidden case {k}/{n} {_short(case)}: the student's "
+                               f"code raised {str(rec['error'])[:_MAX_ERROR]}",
+                               f"hidden case {k} of {n}: your code raised {kind}", k)
+        try:
+            judge(case, rec["value"])
+        except Exception as e:  # noqa: BLE001 - any failure of the judge is a wrong answer
+            kind = "wrong result" if isinstance(e, AssertionError) else \
+                f"unusable result ({type(e).__name__} when judged)"
+            return CaseOutcome(False, f"hidden case {k}/{n} {_short(case)}: got "
+                               f"{_short(rec['value'])}: {type(e).__name__}: {e}",
+                               f"hidden case {k} of {n}: {kind}", k)
+    return CaseOutcome(True)
+
+
+def run_cases(cases: Callable[[random.Random], Iterable], answer: Callable[[Any], Any],
+              judge: Callable[[Any, Any], None], *, forbid: Iterable[str] = (),
+              seed: int | str = 0) -> None:
+    """Run a graded check here, as grading runs it (same draws, same JSON round trips,
+    same delegation spy), on ``seed``: how ``solutions/`` checks its own graded parts
+    under nbval, and how the tests try wrong answers.
+
+    Raises:
+        AssertionError: a case failed, with the instructor's message.
+    """
+    drawn = draw_cases(cases, seed)
+    with _Spy(list(forbid)) as spy:
+        got = [_answer_one(answer, case) for case in drawn]
+    outcome = judge_answers(judge, drawn, _round_trip({"got": got, "delegated": spy.hits}))
+    assert outcome.passed, outcome.message
+    print(f"PASS (graded part): {len(drawn)} cases drawn at seed {seed}")

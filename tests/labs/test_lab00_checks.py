@@ -1,0 +1,71 @@
+"""Lab 00's graded checks on real wrong answers: each runs as grading runs it (the
+student's code on hidden cases in the "kernel", the judge apart, answers as JSON); the
+reference solution passes at several seeds, wrong answers fail, and a function written
+to pass the exercise's examples only fails on the hidden cases."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.labs.labcheck import Lab
+
+LAB = Lab("00")
+CHECKS_TESTED = ("check_samples_per_s", "check_throughput")
+
+WRONG_SAMPLES = {
+    "inverted": "def my_samples_per_s(batch_size, step_s):\n    return step_s / batch_size",
+    "examples only": ("def my_samples_per_s(batch_size, step_s):\n"
+                      "    return {(32, 0.1): 320.0, (8, 0.25): 32.0}[(batch_size, step_s)]"),
+    "rounded": "def my_samples_per_s(batch_size, step_s):\n    return round(batch_size / step_s)",
+    "a string": "def my_samples_per_s(batch_size, step_s):\n    return str(batch_size / step_s)",
+}
+
+
+@pytest.fixture(scope="module")
+def ns():
+    return {"__name__": "__main__"}
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_reference_passes_at_any_seed(ns, seed):
+    scope = dict(ns)
+    LAB.run_code(scope, LAB.solution("samples_per_s"))
+    verdict = LAB.judge(scope, "check_samples_per_s", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_honest_variant_passes(ns):
+    scope = dict(ns)
+    LAB.run_code(scope, "def my_samples_per_s(b, s):\n    return float(b) * (1.0 / s)")
+    assert LAB.judge(scope, "check_samples_per_s", seed=7).passed
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_SAMPLES))
+def test_wrong_samples_per_s_fails(ns, name):
+    verdict = LAB.verdict(ns, WRONG_SAMPLES[name], "check_samples_per_s")
+    assert not verdict.passed and verdict.message.startswith("hidden case"), verdict
+
+
+def _run_ns(times=(0.10, 0.12, 0.11, 0.5, 0.09)):
+    import statistics
+
+    step = SimpleNamespace(times_s=tuple(times), median=statistics.median(times))
+    return {"config": SimpleNamespace(batch_size=32), "result": SimpleNamespace(step=step),
+            "my_samples_per_s": lambda b, s: b / s}
+
+
+def test_throughput_right_and_wrong():
+    scope = _run_ns()
+    LAB.run_code(scope, LAB.solution("throughput"))
+    assert LAB.judge(scope, "check_throughput").passed
+    for wrong in ["my_throughput = 32 / 0.10",                       # the first step
+                  "my_throughput = 32 / (sum(result.step.times_s) / 5)",  # the mean
+                  "my_throughput = result.step.median / 32"]:
+        scope = _run_ns()
+        LAB.run_code(scope, wrong)
+        verdict = LAB.judge(scope, "check_throughput")
+        assert not verdict.passed, wrong
+    short = _run_ns(times=(0.1, 0.1))
+    LAB.run_code(short, LAB.solution("throughput"))
+    assert not LAB.judge(short, "check_throughput").passed  # never passes on too few steps
