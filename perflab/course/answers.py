@@ -56,7 +56,7 @@ BLOCKED_MODULE_ATTRS = frozenset({
     "os.open", "os.write", "os.dup", "os.dup2", "os.remove", "os.unlink", "os.rename",
     "os.replace", "os.chmod", "os.symlink", "os.link", "os.truncate", "os.execv",
     "os.execve", "os.execl", "os.execvp", "os.spawnv", "os.spawnl", "os.posix_spawn",
-    "os.fdopen", "os.pipe", "os.environ", "os.putenv",
+    "os.fdopen", "os.pipe", "os.putenv",
     "sys.modules", "sys._getframe", "sys.settrace", "sys.setprofile", "sys.meta_path",
     "sys.path_hooks", "sys.addaudithook", "sys.displayhook", "sys.excepthook",
     "sys.__stdout__", "sys.__stderr__", "sys.stdout", "sys.stderr", "sys.stdin"})

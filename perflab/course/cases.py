@@ -10,26 +10,27 @@ A check cell of a solution notebook has two parts (:mod:`perflab.course.checks`)
 
       ### BEGIN HIDDEN TESTS
       ### GRADED
-      def cases(rng):             # the grader: draw hidden cases (rng: random.Random)
+      def hidden_cases(rng):      # the grader: draw hidden cases (rng: random.Random)
           return [(rng.randint(1, 512), rng.uniform(0.01, 3.0)) for _ in range(5)]
 
-      def answer(case):           # the sandbox: the student's code on one case
+      def student_answer(case):   # the sandbox: the student's code on one case
           return my_samples_per_s(*case)
 
-      def judge(case, got):       # the grader: reference on the same case, decides
+      def judge_answer(case, got):  # the grader: reference on the same case, decides
           b, s = case
           assert abs(got - b / s) <= 1e-9 * b / s, f"got {got!r}, expected {b / s!r}"
 
       from perflab.course.cases import run_cases
-      run_cases(cases, answer, judge, forbid=["measure"])
+      run_cases(hidden_cases, student_answer, judge_answer, forbid=["measure"])
       ### END HIDDEN TESTS
 
 In ``solutions/`` (under nbval, in the tests) :func:`run_cases` runs all three in the
 kernel, exactly as grading does (the same JSON round trips), on seed 0. In grading the
-grader draws the cases from a seed the notebook never sees, runs only ``answer`` (and
-the block's imports) in the sandbox through :func:`answer_cases`, which prints the raw
-answers as one facts line, and runs ``cases`` and ``judge`` outside
-(:func:`judge_answers`). ``forbid`` names perflab functions the exercise asks the student
+grader draws the cases from a seed the notebook never sees, runs only
+``student_answer`` (and the block's imports) in the sandbox through
+:func:`answer_cases`, which prints the raw answers as one facts line, and runs
+``hidden_cases`` and ``judge_answer`` outside (:func:`judge_answers`). The three names
+are fixed (the grader finds them); they are long so that no notebook name is rebound. ``forbid`` names perflab functions the exercise asks the student
 to write themselves: a graded call that reaches one (however: an alias, a default
 argument, a closure) fails, found by ``sys.setprofile`` on the functions' code objects.
 
@@ -45,11 +46,13 @@ import random
 import sys
 from typing import Any, Callable, Iterable
 
-__all__ = ["GRADED_MARKER", "MAX_DEPTH", "to_data", "draw_cases", "run_cases",
+__all__ = ["GRADED_MARKER", "FACTS_MARKER", "MAX_DEPTH", "to_data", "draw_cases", "run_cases",
            "answer_cases", "judge_answers", "CaseOutcome"]
 
 #: The first line of a check cell's graded part (inside its last hidden-test region).
 GRADED_MARKER = "### GRADED"
+#: The prefix of the one stdout line a probe prints with its facts.
+FACTS_MARKER = "PERFLAB-FACTS "
 #: Deepest nesting of lists/dicts a case or an answer may have.
 MAX_DEPTH = 12
 #: Longest error text an answer record keeps.
@@ -150,11 +153,9 @@ def _answer_one(answer: Callable[[Any], Any], case: Any) -> dict:
 def answer_cases(answer: Callable[[Any], Any], cases_json: str, *,
                  forbid: Iterable[str] = ()) -> None:
     """Run in the sandbox: ``answer`` on each case of ``cases_json``, printing one facts
-    line (:data:`perflab.course.checks.FACTS_MARKER`) with ``{"got": [{"value": ...} or
+    line (:data:`FACTS_MARKER`) with ``{"got": [{"value": ...} or
     {"error": "Type: message"}, ...], "delegated": [names of forbidden functions that
     ran]}``. Nothing is decided here: the grader judges the values."""
-    from perflab.course.checks import FACTS_MARKER
-
     cases = json.loads(cases_json)
     with _Spy(forbid) as spy:
         got = [_answer_one(answer, case) for case in cases]
@@ -238,4 +239,4 @@ def run_cases(cases: Callable[[random.Random], Iterable], answer: Callable[[Any]
         got = [_answer_one(answer, case) for case in drawn]
     outcome = judge_answers(judge, drawn, _round_trip({"got": got, "delegated": spy.hits}))
     assert outcome.passed, outcome.message
-    print(f"PASS (graded part): {len(drawn)} cases drawn at seed {seed}")
+    print(f"PASS (graded part): {len(drawn)} case{'' if len(drawn) == 1 else 's'} drawn at seed {seed}")

@@ -51,14 +51,15 @@ import dataclasses
 import json
 import traceback
 
+from perflab.course.cases import FACTS_MARKER, GRADED_MARKER
+
 __all__ = ["JUDGE_MARKER", "FACTS_MARKER", "CheckCell", "GradedPart", "JudgeResult",
            "split_check", "judge_names", "probe_source", "graded_probe", "graded_functions",
            "parse_facts", "run_judge"]
 
 #: The line that starts the judge part of a check cell.
 JUDGE_MARKER = "### JUDGE"
-#: The prefix of the one stdout line a probe prints with its facts.
-FACTS_MARKER = "PERFLAB-FACTS "
+
 _BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 _END_HIDDEN = "### END HIDDEN TESTS"
 _MAX_FACTS_CHARS = 1_000_000
@@ -69,10 +70,10 @@ class GradedPart:
     """The graded part of a check cell (:mod:`perflab.course.cases`)."""
 
     answer_source: str
-    """What the sandbox runs: the block's imports and ``def answer``."""
+    """What the sandbox runs: the block's imports and ``def student_answer``."""
     grader_source: str
-    """What the grader runs to get ``cases`` and ``judge``: the block without its
-    top-level calls (the ``run_cases(...)`` line)."""
+    """What the grader runs to get ``hidden_cases`` and ``judge_answer``: the block
+    without its top-level calls (the ``run_cases(...)`` line)."""
     forbid: tuple[str, ...] = ()
     """perflab functions the graded call may not reach (``run_cases(..., forbid=...)``)."""
 
@@ -110,8 +111,6 @@ def split_check(source: str) -> CheckCell:
         ValueError: more than one ``### JUDGE`` line, an unbalanced hidden-test region,
             or a judge that is not valid Python (a bug in the reference notebook).
     """
-    from perflab.course.cases import GRADED_MARKER
-
     lines = source.split("\n")
     graded_at = [i for i, ln in enumerate(lines) if ln.strip() == GRADED_MARKER]
     if graded_at:
@@ -147,8 +146,6 @@ def split_check(source: str) -> CheckCell:
 
 
 def _split_graded(lines: list[str], graded_at: list[int]) -> CheckCell:
-    from perflab.course.cases import GRADED_MARKER
-
     where = f"a check cell with {GRADED_MARKER!r}"
     if len(graded_at) > 1:
         raise ValueError(f"{where} has {len(graded_at)} such lines; use one")
@@ -169,13 +166,13 @@ def _split_graded(lines: list[str], graded_at: list[int]) -> CheckCell:
     except SyntaxError as e:
         raise ValueError(f"{where}: the graded part is not valid Python: {e}") from e
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    for name, nargs in (("cases", 1), ("answer", 1), ("judge", 2)):
+    for name, nargs in (("hidden_cases", 1), ("student_answer", 1), ("judge_answer", 2)):
         if name not in defs or len(defs[name].args.args) != nargs:
             raise ValueError(f"{where}: the graded part must define {name}() with "
                              f"{nargs} argument(s)")
     imports = [ast.get_source_segment(block, n) for n in tree.body
                if isinstance(n, (ast.Import, ast.ImportFrom))]
-    answer_def = defs["answer"]
+    answer_def = defs["student_answer"]
     start = answer_def.decorator_list[0].lineno if answer_def.decorator_list else \
         answer_def.lineno
     answer_src = "\n".join(block.split("\n")[start - 1:answer_def.end_lineno])
@@ -192,22 +189,23 @@ def _split_graded(lines: list[str], graded_at: list[int]) -> CheckCell:
 
 
 def graded_probe(part: GradedPart, cases: list) -> str:
-    """The code the sandboxed kernel runs for a graded check: ``answer`` (defined inside
-    a function, so the notebook's own names are not rebound) on ``cases``, printing the
-    raw answers as one facts line (:func:`perflab.course.cases.answer_cases`)."""
+    """The code the sandboxed kernel runs for a graded check: ``student_answer`` (defined
+    inside a function, so the notebook's own names are not rebound) on ``cases``,
+    printing the raw answers as one facts line
+    (:func:`perflab.course.cases.answer_cases`)."""
     import textwrap
 
     body = textwrap.indent(part.answer_source, "    ")
     cases_json = json.dumps(cases)
-    return (f"def __perflab_graded():\n{body}\n    return answer\n"
+    return (f"def __perflab_graded():\n{body}\n    return student_answer\n"
             "__import__('perflab.course.cases', fromlist=['answer_cases']).answer_cases("
             f"__perflab_graded(), {cases_json!r}, forbid={list(part.forbid)!r})\n"
             "del __perflab_graded\n")
 
 
 def graded_functions(part: GradedPart, name: str = "check"):
-    """``(cases, judge)`` of a graded part, defined here in the grader (trusted
-    reference code, never in the sandbox).
+    """``(hidden_cases, judge_answer)`` of a graded part, defined here in the grader
+    (trusted reference code, never in the sandbox).
 
     Raises:
         ValueError: the block fails to run (a bug in the reference notebook).
@@ -218,7 +216,7 @@ def graded_functions(part: GradedPart, name: str = "check"):
     except Exception as e:  # noqa: BLE001 - reported as the reference's bug
         raise ValueError(f"the graded part of check {name!r} does not run: "
                          f"{type(e).__name__}: {e}") from e
-    return namespace["cases"], namespace["judge"]
+    return namespace["hidden_cases"], namespace["judge_answer"]
 
 
 def judge_names(judge: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -34,6 +35,28 @@ DOUBLE_CHECK = ('got = {"2": double(2)}\n'
                 'assert got["2"] == 4, f"double(2) returned {got[\'2\']!r}, expected 4"\n'
                 '### BEGIN HIDDEN TESTS\nassert got["-3"] == -6, "double(-3) should be -6"\n'
                 '### END HIDDEN TESTS\nprint("PASS: double doubles")')
+
+
+#: check_double in the graded format: a self-check on the examples (double(2) == 4), the
+#: grade on hidden cases drawn at grade time, judged in the grader.
+GRADED_DOUBLE = ('assert double(2) == 4, f"double(2) returned {double(2)!r}, expected 4"\n'
+                 'print("PASS: double doubles")\n'
+                 '### BEGIN HIDDEN TESTS\n### GRADED\n'
+                 'def hidden_cases(rng):\n    return [rng.randint(-10**6, 10**6) for _ in range(5)]\n\n'
+                 'def student_answer(case):\n    return double(case)\n\n'
+                 'def judge_answer(case, got):\n    assert got == 2 * case, "SECRET-JUDGE wrong"\n\n'
+                 'from perflab.course.cases import run_cases\n'
+                 'run_cases(hidden_cases, student_answer, judge_answer)\n### END HIDDEN TESTS')
+#: check_answer in the graded format: one fixed "case" (a constant question; the kit's
+#: labs grade predictions on hidden variants instead).
+GRADED_ANSWER = ('assert answer == 42, f"answer is {answer}, expected 42"\n'
+                 'print("PASS: answer is 42")\n'
+                 '### BEGIN HIDDEN TESTS\n### GRADED\n'
+                 'def hidden_cases(rng):\n    return [None]\n\n'
+                 'def student_answer(case):\n    return answer\n\n'
+                 'def judge_answer(case, got):\n    assert got == 42, f"answer is {got!r}"\n\n'
+                 'from perflab.course.cases import run_cases\n'
+                 'run_cases(hidden_cases, student_answer, judge_answer)\n### END HIDDEN TESTS')
 
 
 def _code(src, *, out=None, tags=None, **nbg):
@@ -72,12 +95,13 @@ def reference_nb(allow=None) -> nbformat.NotebookNode:
         _code("base = 10"),
         _solution("my_answer", "### BEGIN SOLUTION\nanswer = 42  # SECRET-SOLUTION\n"
                   "### END SOLUTION", allow),
-        _check("check_answer", 2, 'assert answer == 42, f"answer is {answer}, expected 42"\n'
-               'print("PASS: answer is 42")', "PASS: answer is 42\n"),
+        _check("check_answer", 2, GRADED_ANSWER,
+               "PASS: answer is 42\nPASS (graded part): 1 case drawn at seed 0\n"),
         _code("import time\ntime.sleep(60)\nslow = 1", tags=[SKIP_TAG]),
         _solution("my_double", "### BEGIN SOLUTION\ndef double(v):\n    return 2 * v\n"
                   "### END SOLUTION"),
-        _check("check_double", 1, DOUBLE_CHECK, "PASS: double doubles\n"),
+        _check("check_double", 1, GRADED_DOUBLE,
+               "PASS: double doubles\nPASS (graded part): 5 cases drawn at seed 0\n"),
         _check("check_base", 1, 'assert base == 10\nprint("PASS: base is 10")',
                "PASS: base is 10\n"),
         nbformat.v4.new_markdown_cell("Predict, then explain: why 42?"),
@@ -182,6 +206,9 @@ def test_parse_facts_needs_exactly_one_json_line():
     assert two[0] is None and "tampering" in two[1]
     assert "not valid JSON" in parse_facts(f"{FACTS_MARKER}{{nope")[1]
     assert "not a JSON object" in parse_facts(f"{FACTS_MARKER}[1]")[1]
+    # a line nested 3,000 deep raises RecursionError in json.loads: "tampered or crashed"
+    deep = parse_facts(FACTS_MARKER + "[" * 3000 + "]" * 3000)
+    assert deep[0] is None and "tampered or crashed" in deep[1]
 
 
 # -- answers, assembly, flags (no kernel) -------------------------------------------------
@@ -199,12 +226,19 @@ def test_assemble_runs_only_the_answers_and_sends_no_secret(reference):
                        "my_double": "def double(v):\n    return 2 * v"} and notes == []
     out = assemble(ref, answers)
     text = nbformat.writes(out.notebook)
-    for secret in ("SECRET-SOLUTION", "SECRET-WRITTEN", "expected 4", "should be -6",
-                   "PASS:", "time.sleep(60)", "scratch = 1", "answer = 42\\nanswer"):
+    for secret in ("SECRET-SOLUTION", "SECRET-WRITTEN", "SECRET-JUDGE", "expected 4",
+                   "def judge_answer", "def hidden_cases", "PASS:", "time.sleep(60)",
+                   "scratch = 1", "answer = 42\\nanswer"):
         assert secret not in text, secret
     codes = [c.source for c in out.notebook.cells if c.cell_type == "code"]
     assert codes[0] == "base = 10" and codes[1] == "answer = 42"
-    assert codes[4].startswith('got = {"2": double(2)}') and 'got["-3"]' in codes[4]
+    # the graded probe: the student's double on the hidden cases drawn in the grader
+    assert "return double(case)" in codes[4] and "answer_cases" in codes[4]
+    assert repr(json.dumps(out.cases["check_double"])) in codes[4]
+    assert len(out.cases["check_double"]) == 5 and set(out.judges) == {"check_answer",
+                                                                       "check_double"}
+    # another seed (another grading run, another student) draws other cases
+    assert assemble(ref, answers, seed="1:ada").cases["check_double"] != out.cases["check_double"]
     assert all(not c.get("outputs") for c in out.notebook.cells if c.cell_type == "code")
     assert out.points == {"check_answer": 2, "check_double": 1, "check_base": 1}
     assert out.after == {"my_answer": ["check_answer", "check_double", "check_base"],
@@ -378,7 +412,9 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
             "--cell-timeout", "5", "--wall-timeout", "120"]
     assert grade_command(args.parse_args(argv)) == 0
     text = capsys.readouterr().out
-    assert "graded 4, errored 2, flagged 0 notebook(s)" in text
+    assert "graded 4, errored 2, 0 notebook(s) to review" in text
+    assert "limits per notebook:" in text and "hidden cases drawn with seed" in text
+    assert (tmp_path / "out" / "instructor" / "seed.txt").read_text().strip().isdigit()
     rows = {r["student"]: r for r in csv.DictReader(out.open())}
     assert {s: r["total"] for s, r in rows.items()} == {
         "a_correct": "4", "b_wrong": "1", "c_tamper": "2", "d_hang": "2", "e_invalid": "0",
@@ -387,9 +423,11 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     assert "not a valid notebook" in rows["e_invalid"]["error"]
     assert rows["f_nothing"]["error"] == "lab 09: no 09_*.ipynb submitted"
     fb = (tmp_path / "out" / "feedback" / "b_wrong.md").read_text()
-    assert "answer is 41, expected 42" in fb  # the check's own message
-    assert "a hidden test failed" in fb and "should be -6" not in fb  # double(-3) == -1
-    assert "should be -6" in (tmp_path / "out" / "instructor" / "b_wrong-09.md").read_text()
+    # a hidden case's failure: which case and what kind, never the case or its answer
+    assert "hidden case 1 of 1: wrong result" in fb and "41" not in fb
+    assert "hidden case 1 of 5: wrong result" in fb and "SECRET-JUDGE" not in fb
+    instructor = (tmp_path / "out" / "instructor" / "b_wrong-09.md").read_text()
+    assert "SECRET-JUDGE wrong" in instructor and "answer is 41" in instructor
     assert "| `check_double` | 0 / 1 | failed |" in fb
     hang = (tmp_path / "out" / "instructor" / "d_hang-09.md").read_text()
     assert "stopped the notebook: Timeout of 5 seconds" in hang
@@ -397,7 +435,7 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     assert "It is the answer." in answers
     # --resume grades nobody again
     assert grade_command(args.parse_args(argv + ["--resume"])) == 0
-    assert "graded 0, errored 0, flagged 0" in capsys.readouterr().out
+    assert "graded 0, errored 0, 0 notebook(s) to review" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -1,10 +1,11 @@
-"""One test per attack on the grader (issue 12): each gets 0 on the checks it attacks and
-a flag, and the rest of the batch is graded correctly.
+"""One test per attack on the grader (issues 12 and 25): each gets 0 on the checks it
+attacks, the scan reports it in the review column (never a deduction), and the rest of
+the batch is graded correctly.
 
 One batch grades every attack (two sandboxes at a time) against two synthetic labs: lab
-09 as an exercise would be written (reaching into the machinery is flagged and scores
-0), and lab 10, the same lab with every flag allowed, which shows that the sandbox and
-the verdict channel hold on their own, without the scan.
+09 as an exercise would be written, and lab 10, the same lab with every scan finding
+allowed: the points are the same in both, because they come only from the student's
+answers on hidden cases judged outside the sandbox, never from the scan.
 """
 from __future__ import annotations
 
@@ -80,6 +81,19 @@ while True:
         pass
 """
 MEMORY_HOG = "hog = [bytearray(2**27) for _ in range(2000)]\nanswer = 42"
+# Every facts line the kernel prints becomes one nested 3,000 deep (RecursionError in
+# json.loads): "tampered or crashed" for each check, and the batch goes on.
+DEEP_JSON = """import builtins, sys
+builtins.print = lambda *a, **k: sys.stdout.write("PERFLAB-FACTS " + "[" * 3000 + "]" * 3000 + "\\n")
+answer = 42
+"""
+# A %%writefile module that patches the kernel on import (the double cell imports it).
+WRITEFILE_PATCH = """%%writefile evil_student.py
+import json
+json.dumps = lambda *a, **k: '{"got": [{"value": 42}], "delegated": []}'
+"""
+WRITEFILE_IMPORT = "import evil_student\ndef double(v):\n    return 0"
+HONEST_OS = "import os\nanswer = 42 if os.cpu_count() else 0"
 LOOP = "while True:\n    pass"
 
 
@@ -135,6 +149,9 @@ def _batch(tmp_path_factory):
         **({"fork_bomb": (FORK_BOMB, None)} if _nproc_holds() else {}),
         "memory_hog": (MEMORY_HOG, None),
         "infinite_loop": ("answer = 42", LOOP),
+        "deep_json": (DEEP_JSON, None),
+        "writefile_patch": (WRITEFILE_PATCH, WRITEFILE_IMPORT),
+        "honest_os": (HONEST_OS, None),
     }
     both = {"forged_outcome", "input_transformer", "print_override", "rewrite_reference"}
     for name, (answer, double) in attacks.items():
@@ -150,6 +167,8 @@ def _batch(tmp_path_factory):
                           _drop(_drop(_student(path, "answer = 42"), "my_answer"), "my_double"))]:
             (subs / name).mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, str(subs / name / path.name))
+    (subs / "symlinked").mkdir()  # a classroom git repository keeps symlinks
+    (subs / "symlinked" / "09_synthetic.ipynb").symlink_to(ref / "09_synthetic.ipynb")
     (subs / "not_a_notebook").mkdir()
     (subs / "not_a_notebook" / "09_synthetic.ipynb").write_text("#!/bin/sh\nrm -rf /\n")
     args = argparse.ArgumentParser()
@@ -186,10 +205,11 @@ def test_the_rest_of_the_batch_is_graded_correctly(batch):
 @pytest.mark.slow
 def test_forged_outcome_records(batch):
     row = batch["rows"]["forged_outcome"]
-    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
-    assert _flagged(row, "my_answer line 1: import os", "open for writing")
-    # allowed to write files: the channel is out of reach anyway, and blank answers fail
-    assert _points(row, "10") == {"check_answer": 0, "check_double": 0, "check_base": 1}
+    # the channel is out of reach: the unanswered exercises earn nothing; check_base
+    # (the notebook's own cell, not attacked) keeps its point
+    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 1}
+    assert _flagged(row, "open for writing")
+    assert _points(row, "10") == _points(row, "09")
 
 
 @pytest.mark.slow
@@ -197,7 +217,7 @@ def test_input_transformer(batch):
     row = batch["rows"]["input_transformer"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
     assert _flagged(row, "name get_ipython")
-    assert _points(row, "10") == {"check_answer": 0, "check_double": 0, "check_base": 0}
+    assert _points(row, "10") == _points(row, "09")
 
 
 @pytest.mark.slow
@@ -205,16 +225,17 @@ def test_print_and_stdout_override(batch):
     row = batch["rows"]["print_override"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
     assert _flagged(row, "import builtins", "module attribute builtins.print")
-    assert _points(row, "10") == {"check_answer": 0, "check_double": 0, "check_base": 0}
+    assert _points(row, "10") == _points(row, "09")
 
 
 @pytest.mark.slow
 def test_monkeypatched_perflab_and_check_helper(batch):
-    # json.dumps forged to report the right facts: only the flag stops a student who
-    # knows the answers (see perflab.course.checks), so it scores 0 and is flagged
+    # json.dumps forged: the graded checks' answers records are malformed (0 points, a
+    # review note); check_base, which asks for nothing of the student, is not attacked
     row = batch["rows"]["patched_helper"]
-    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
-    assert _flagged(row, "module attribute json.dumps", "module attribute perflab.env_summary")
+    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 1}
+    assert _flagged(row, "module attribute json.dumps", "module attribute perflab.env_summary",
+                    "answers record")
 
 
 @pytest.mark.slow
@@ -224,18 +245,18 @@ def test_rewritten_reference_on_disk(batch):
     # solutions/ may change under a concurrent edit, never to what the attack writes
     assert all(p.read_text() != "{}" for p in SOLUTIONS.glob("*.ipynb"))
     assert _flagged(row, "open for writing")
-    assert _points(row, "09")["check_answer"] == 0
-    # allowed to write: it found no reference, no solutions and no other submission
-    assert _points(row, "10") == {"check_answer": 2, "check_double": 1, "check_base": 1}
+    # it found no reference, no solutions and no other submission: its answers are right
+    assert _points(row, "09") == {"check_answer": 2, "check_double": 1, "check_base": 1}
+    assert _points(row, "10") == _points(row, "09")
 
 
 @pytest.mark.slow
 def test_detached_child_holding_a_pipe(batch):
     row = batch["rows"]["detached_child"]
-    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
     assert _flagged(row, "import subprocess")
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if "985.75" in (p.info["cmdline"] or [])]
+    assert "lab 09" not in row["error"]
 
 
 @pytest.mark.slow
@@ -244,7 +265,35 @@ def test_fork_bomb(batch):
         pytest.skip(f"RLIMIT_NPROC cannot hold here: {_root_mode()[1]}")
     row = batch["rows"]["fork_bomb"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
-    assert _flagged(row, "import os")
+    assert _flagged(row, "attribute os.fork")
+
+
+@pytest.mark.slow
+def test_deep_json_facts_lines(batch):
+    row = batch["rows"]["deep_json"]
+    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
+    assert _flagged(row, "tampered or crashed") and "lab 09" not in row["error"]
+
+
+@pytest.mark.slow
+def test_writefile_module_that_patches_the_kernel(batch):
+    row = batch["rows"]["writefile_patch"]
+    # its forged record says 42, but no answer on the hidden cases is right
+    assert _points(row, "09")["check_double"] == 0
+    assert _flagged(row, "module attribute json.dumps")  # the %%writefile body is scanned
+
+
+@pytest.mark.slow
+def test_honest_import_os_is_not_a_finding(batch):
+    row = batch["rows"]["honest_os"]
+    assert _points(row, "09") == {"check_answer": 2, "check_double": 1, "check_base": 1}
+    assert row["review"] == ""
+
+
+@pytest.mark.slow
+def test_symlinked_submission_is_refused(batch):
+    row = batch["rows"]["symlinked"]
+    assert row["total"] == "0" and "refused" in row["error"] and "symbolic link" in row["error"]
 
 
 @pytest.mark.slow

@@ -62,6 +62,21 @@ REAL_ANSWERS = {("01", g) for g in REAL_01} | {("02", g) for g in REAL_02} | \
     {("00", g) for g in REAL_00}
 
 
+def _graded_tested() -> set[tuple[str, str]]:
+    """Graded checks (hidden cases) whose lab test file tries them on real wrong answers:
+    its ``GRADED_TESTED`` tuple of grade_ids."""
+    import importlib
+
+    out = set()
+    for lab in ("03", "04", "05", "06", "07", "08", "09"):
+        module = importlib.import_module(f"tests.labs.test_lab{lab}_checks")
+        out |= {(lab, g) for g in getattr(module, "GRADED_TESTED", ())}
+    return out
+
+
+REAL_ANSWERS |= _graded_tested()
+
+
 def _checks() -> dict[tuple[str, str], str]:
     out = {}
     for path in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")):

@@ -1,0 +1,87 @@
+"""perflab.course.cases: hidden cases drawn in the grader, answered as data, judged apart;
+delegation found by behaviour, whatever name reaches the helper."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from perflab.course.cases import (FACTS_MARKER, answer_cases, draw_cases, judge_answers,
+                                  run_cases, to_data)
+
+
+def _cases(rng):
+    return [" " * rng.randint(1, 8) + "x\n" + " " * 8 + "y" for _ in range(4)]
+
+
+def _judge(case, got):
+    assert got == textwrap.dedent(case), "not dedented"
+
+
+def _mine(case):
+    lines = case.split("\n")
+    cut = min(len(ln) - len(ln.lstrip()) for ln in lines if ln.strip())
+    return "\n".join(ln[cut:] for ln in lines)
+
+
+def test_honest_answer_passes_and_draws_depend_on_the_seed():
+    run_cases(_cases, _mine, _judge, forbid=["textwrap.dedent"])
+    assert draw_cases(_cases, "1:ada") != draw_cases(_cases, "1:bob")
+    assert draw_cases(_cases, 7) == draw_cases(_cases, 7)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda case: textwrap.dedent(case),                  # by name
+    lambda case, f=textwrap.dedent: f(case),             # a default argument
+    (lambda g: (lambda case: g(case)))(textwrap.dedent),  # a closure
+])
+def test_delegation_is_found_however_the_helper_is_reached(answer):
+    with pytest.raises(AssertionError, match="textwrap.dedent"):
+        run_cases(_cases, answer, _judge, forbid=["textwrap.dedent"])
+
+
+def test_wrong_answers_fail_naming_the_hidden_case_not_its_answer():
+    cases = draw_cases(_cases, 3)
+    got = {"got": [{"value": c} for c in cases], "delegated": []}   # not dedented
+    out = judge_answers(_judge, cases, got)
+    assert not out.passed and out.failed_case == 1
+    assert out.student == "hidden case 1 of 4: wrong result"
+    assert repr(cases[0]) in out.message  # the instructor sees the case
+    err = judge_answers(_judge, cases, {"got": [{"error": "ZeroDivisionError: x"}] * 4})
+    assert err.student == "hidden case 1 of 4: your code raised ZeroDivisionError"
+
+
+@pytest.mark.parametrize("facts", [
+    None, [], {"got": {}}, {"got": []}, {"got": [{"value": "x"}] * 3},
+    {"got": [{"value": "x", "error": "e"}] * 4}, {"got": [1, 2, 3, 4]},
+])
+def test_malformed_short_or_empty_records_never_pass(facts):
+    cases = draw_cases(_cases, 3)
+    assert not judge_answers(_judge, cases, facts).passed
+
+
+def test_answer_cases_prints_one_record_of_raw_values(capsys):
+    answer_cases(lambda c: [c, c * 2], json.dumps([1, 2]))
+    answer_cases(lambda c: 1 / c, json.dumps([0]))
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(ln[len(FACTS_MARKER):]) for ln in lines] == [
+        {"got": [{"value": [1, 2]}, {"value": [2, 4]}], "delegated": []},
+        {"got": [{"error": "ZeroDivisionError: division by zero"}], "delegated": []}]
+
+
+def test_to_data_and_its_errors():
+    torch = pytest.importorskip("torch")
+    assert to_data({"t": torch.tensor([[1, 2]]), "s": {3, 1}, "p": (1.5, None)}) == {
+        "t": [[1, 2]], "s": [1, 3], "p": [1.5, None]}
+    with pytest.raises(TypeError, match="function is not data"):
+        to_data(lambda: 1)
+    with pytest.raises(TypeError, match="keys must be strings"):
+        to_data({1: 2})
+    deep: list = []
+    for _ in range(20):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested deeper"):
+        to_data(deep)
+    with pytest.raises(ValueError, match="drew no case"):
+        draw_cases(lambda rng: [], 0)
