@@ -1,13 +1,19 @@
 """Course tooling: building ``labs/`` from ``solutions/`` and grading submissions.
 
-No notebook imports this subpackage; it needs the ``[course]`` extra (nbgrader, nbval).
+No student notebook imports this subpackage (the solutions' graded parts import
+:mod:`perflab.course.cases`, which needs only the standard library); it needs the
+``[course]`` extra (nbgrader, nbval).
 
 * :mod:`perflab.course.build`: ``labs/`` from ``solutions/`` with nbgrader's preprocessors.
-* :mod:`perflab.course.checks`: the check-cell format (a probe in the kernel, a judge
-  outside it).
-* :mod:`perflab.course.answers`: a submission's answers, the scan for reaches into the
-  machinery, the assembled notebook, written answers.
-* :mod:`perflab.course.sandbox`: one bubblewrap sandbox per submission.
+* :mod:`perflab.course.cases`: graded checks on hidden cases (drawn in the grader, the
+  student's answers as data, judged outside the sandbox); the kernel imports it.
+* :mod:`perflab.course.checks`: the check-cell format (a self-check the student sees, a
+  graded part that never reaches ``labs/``; older cells: a probe and a judge).
+* :mod:`perflab.course.answers`: a submission's answers, the scan for the review column,
+  the assembled notebook. :mod:`perflab.course.written`: written answers.
+* :mod:`perflab.course.submission`: grade one notebook (the sandboxed run, the scores).
+* :mod:`perflab.course.sandbox`: one bubblewrap sandbox per submission;
+  :mod:`perflab.course.slots`: its slot uids and the processes it leaves.
 * :mod:`perflab.course.nbval_channel`: pytest plugin inside the sandbox (the verdict
   channel).
 * :mod:`perflab.course.grading`: grade a folder of submissions; the ``grade`` command.

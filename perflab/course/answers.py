@@ -14,8 +14,8 @@ instructor (the ``review`` column), never a deduction; points come only from ans
 hidden cases (:mod:`perflab.course.cases`). Honest idioms (``import os`` for
 ``os.cpu_count()``, ``self.__class__.__name__``, ``%time``, ``sys.getsizeof``) are not
 findings; an exercise can allow more (solution-cell metadata ``perflab: {allow: [...]}``).
-:func:`written_answers` collects the "predict, then explain" cells (nbgrader manually
-graded cells) for the instructor.
+The "predict, then explain" cells (nbgrader manually graded cells) are collected for
+the instructor by :mod:`perflab.course.written`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from perflab.course.checks import (CheckCell, graded_functions, graded_probe, pr
                                    split_check)
 
 __all__ = ["SKIP_TAG", "Flag", "Assembled", "solution_ids", "answers_of", "scan_answer",
-           "assemble", "written_answers"]
+           "assemble", "allowances"]
 
 #: Cells with this tag do not run in grading (experiment panels, sweeps, long
 #: measurements): no graded answer may need what they compute.
@@ -351,51 +351,3 @@ def allowances(reference: nbformat.NotebookNode) -> dict[str, tuple[str, ...]]:
     ``["perflab"]["allow"]``."""
     return {_nbg(c)["grade_id"]: tuple(c.metadata.get("perflab", {}).get("allow", []))
             for c in reference.cells if _nbg(c).get("solution") and _nbg(c).get("grade_id")}
-
-
-def _text_outputs(cell, limit: int = 600) -> str:
-    out = []
-    for o in cell.get("outputs", []):
-        if o.get("output_type") == "stream":
-            out.append("".join(o.get("text", "")))
-        elif o.get("output_type") in ("execute_result", "display_data"):
-            out.append("".join(o.get("data", {}).get("text/plain", "")))
-    text = "\n".join(t.strip() for t in out if t.strip())
-    return text[:limit] + (" [...]" if len(text) > limit else "")
-
-
-def written_answers(submission: nbformat.NotebookNode, reference: nbformat.NotebookNode
-                    ) -> list[dict]:
-    """The student's "predict, then explain" answers: nbgrader manually graded cells
-    (``solution: true`` markdown cells, usually ``grade: true`` with points).
-
-    Returns:
-        One dict per such reference cell, in order: ``grade_id``, ``points``,
-        ``question`` (the markdown cell before it in the reference), ``answer`` (the
-        student's text, empty when missing), ``measured`` (text outputs of the code cells
-        just before the answer in the student's own notebook: their numbers as they ran
-        it, not re-measured).
-    """
-    by_gid = {_nbg(c).get("grade_id"): i for i, c in enumerate(submission.cells)
-              if _nbg(c).get("grade_id")}
-    out = []
-    for i, ref in enumerate(reference.cells):
-        m = _nbg(ref)
-        if ref.cell_type != "markdown" or not m.get("solution") or not m.get("grade_id"):
-            continue
-        question = next((c.source for c in reversed(reference.cells[:i])
-                         if c.cell_type == "markdown" and not _nbg(c).get("solution")), "")
-        j = by_gid.get(m["grade_id"])
-        answer, measured = "", []
-        if j is not None:
-            answer = submission.cells[j].get("source", "")
-            for c in reversed(submission.cells[:j]):
-                if c.get("cell_type") == "markdown" and _nbg(c).get("solution"):
-                    break
-                if c.get("cell_type") == "code" and _text_outputs(c):
-                    measured.insert(0, _text_outputs(c))
-                    if len(measured) == 2:
-                        break
-        out.append({"grade_id": m["grade_id"], "points": float(m.get("points", 0)),
-                    "question": question, "answer": answer, "measured": measured})
-    return out

@@ -33,17 +33,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Literal, Sequence
+
+from perflab.course.slots import SLOT_UID_BASE, SLOT_UIDS  # noqa: F401 - re-exported
+from perflab.course.slots import claim_uid as _claim_uid
+from perflab.course.slots import kill_children as _kill_children
+from perflab.course.slots import kill_group as _kill_group
+from perflab.course.slots import kill_uid as _kill_uid
+from perflab.course.slots import processes_of as _processes_of
 
 __all__ = ["SandboxUnavailable", "SandboxLimits", "SandboxRun", "sandbox_status",
            "run_sandboxed", "SANDBOX_WORK", "SLOT_UID_BASE"]
@@ -55,12 +59,6 @@ class SandboxUnavailable(RuntimeError):
 
 #: Where the scratch folder appears inside the sandbox.
 SANDBOX_WORK = "/tmp/work"
-#: Unprivileged uid of parallel slot k (when the grader runs as root): SLOT_UID_BASE + k.
-SLOT_UID_BASE = 61000
-#: How many slot uids the graders on one machine share (see ``_claim_uid``).
-SLOT_UIDS = 64
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SandboxLimits:
     """Resource limits of one sandboxed run (validated by the caller, see ``Limits``)."""
@@ -247,77 +245,6 @@ def _preexec(limits: SandboxLimits, nproc: int):
     return apply
 
 
-def _processes_of(uid: int) -> int:
-    import psutil
-
-    n = 0
-    for p in psutil.process_iter(["uids", "num_threads"]):
-        try:
-            if p.info["uids"] and p.info["uids"].real == uid:
-                n += p.info["num_threads"] or 1
-        except psutil.Error:
-            pass
-    return n
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the sandbox: bwrap's process group; --die-with-parent takes the namespace."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _kill_uid(uid: int) -> None:
-    """Kill every process left with this slot's uid (belt and braces after bwrap)."""
-    import psutil
-
-    for p in psutil.process_iter(["uids"]):
-        try:
-            if p.info["uids"] and p.info["uids"].real == uid:
-                p.kill()
-        except psutil.Error:
-            pass
-
-
-@contextlib.contextmanager
-def _claim_uid(slot: int):
-    """Hold a slot uid for this run, machine-wide, and yield it.
-
-    Two graders on one machine (two ``perflab course grade`` processes, or two pytest-xdist
-    workers) both number their slots from 0; each run kills every process of its uid
-    before and after it runs, so sharing a uid would kill the other grader's notebook.
-    Each uid has a lock file (``flock``, released by the kernel when the holder dies):
-    the run takes the first free uid from ``SLOT_UID_BASE + slot`` on, and waits for its
-    own when all :data:`SLOT_UIDS` are taken. Where the lock folder cannot be made, the
-    slot's own uid is used unlocked (the behaviour before locks)."""
-    folder = Path(tempfile.gettempdir()) / "perflab-sandbox-slots"
-    try:
-        folder.mkdir(mode=0o755, exist_ok=True)
-    except OSError:
-        yield SLOT_UID_BASE + slot
-        return
-    order = [SLOT_UID_BASE + (slot + k) % SLOT_UIDS for k in range(SLOT_UIDS)]
-    for i, uid in enumerate(order):
-        f = open(folder / f"{uid}.lock", "a")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (fcntl.LOCK_NB if i < len(order) - 1 else 0))
-        except BlockingIOError:
-            f.close()
-            continue
-        break
-    else:  # unreachable: the last try blocks until its uid is free
-        raise AssertionError("no slot uid claimed")
-    try:
-        yield uid
-    finally:
-        f.close()  # releases the lock
-
-
 def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
                   limits: SandboxLimits, log_path: Path, hide: Sequence[Path] = (),
                   pass_fds: Sequence[int] = (), slot: int = 0,
@@ -416,20 +343,3 @@ def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: Sand
     if uid is not None:
         _kill_uid(uid)
     return SandboxRun(rc, timed_out, time.monotonic() - start, sandboxed, warning)
-
-
-def _kill_children(pid: int) -> None:
-    """Unsandboxed fallback only: kill a live process's descendants. A child that
-    detached and whose parent exited escapes this (one reason bubblewrap is preferred)."""
-    import psutil
-
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)

@@ -2,17 +2,25 @@
 
 For each notebook :func:`grade_notebook`
 
-1. keeps only the student's *answers* (solution cells, by ``grade_id``), scans them for
-   reaches into the machinery (:func:`perflab.course.answers.scan_answer`), and puts them
-   into the reference notebook's own cells; each check cell becomes its *probe*, cells
-   tagged ``grading-skip`` are left out (:func:`perflab.course.answers.assemble`);
+1. refuses a notebook that is a symbolic link or lies outside the submissions folder;
+   keeps only the student's *answers* (solution cells, by ``grade_id``), scans them for
+   the review column (:func:`perflab.course.answers.scan_answer`: findings are for the
+   instructor, never deducted), and puts them into the reference notebook's own cells;
+   each graded check becomes its ``student_answer`` on hidden cases drawn here from the
+   grading run's seed, the student's name and the check (:mod:`perflab.course.cases`),
+   an older check its *probe*; cells tagged ``grading-skip`` are left out
+   (:func:`perflab.course.answers.assemble`);
 2. runs that notebook under nbval in a bubblewrap sandbox (:mod:`perflab.course.sandbox`:
-   read-only file system, no network, own namespaces, limits; the reference and other
-   submissions out of sight); a pytest plugin inside reports each cell on a file
-   descriptor the kernel cannot reach (:mod:`perflab.course.nbval_channel`);
-3. judges each check *outside* the sandbox on the facts its probe reported
-   (:func:`perflab.course.checks.run_judge`). A check earns its points when its probe ran,
-   reported its facts once, the judge passed, and no answer before it was flagged.
+   read-only file system, no network, own namespaces, size-limited tmpfs scratch, /tmp
+   and /dev/shm, limits; the reference and other submissions out of sight); a pytest
+   plugin inside reports each cell on a file descriptor the kernel cannot reach
+   (:mod:`perflab.course.nbval_channel`);
+3. judges each check *outside* the sandbox: a graded check's raw answers against its
+   ``judge_answer`` on the same cases (:func:`perflab.course.cases.judge_answers`), an
+   older check's facts with its judge (:func:`perflab.course.checks.run_judge`). A check
+   earns its points when exactly one readable record came back and the judge passed; a
+   missing, duplicated or malformed record is "tampered or crashed" (0 points, a review
+   note).
 
 The result is a :class:`LabGrade` of :class:`CheckResult` rows, within :class:`Limits`.
 A whole folder of submissions is :mod:`perflab.course.grading`.
@@ -32,10 +40,11 @@ from typing import Literal
 import nbformat
 
 from perflab.course.answers import (SKIP_TAG, Flag, allowances, answers_of, assemble,
-                                    autograded, scan_answer, written_answers)
+                                    autograded, scan_answer)
 from perflab.course.cases import judge_answers
 from perflab.course.checks import parse_facts, run_judge
 from perflab.course.sandbox import SandboxLimits, run_sandboxed
+from perflab.course.written import written_answers
 
 __all__ = ["Limits", "CheckResult", "LabGrade", "lab_key", "grade_notebook", "error_grade",
            "hideable"]
@@ -116,7 +125,7 @@ class LabGrade:
     sandboxed: bool = True
     warning: str = ""
     written: list[dict] = dataclasses.field(default_factory=list)
-    """The student's written answers (see :func:`perflab.course.answers.written_answers`)."""
+    """The student's written answers (see :func:`perflab.course.written.written_answers`)."""
 
     @property
     def points(self) -> float:

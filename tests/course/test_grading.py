@@ -16,8 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perflab.course.answers import (SKIP_TAG, Flag, answers_of, assemble, scan_answer,
-                                    written_answers)
+from perflab.course.answers import SKIP_TAG, Flag, answers_of, assemble, scan_answer
+from perflab.course.written import written_answers
 from perflab.course.build import build_lab
 from perflab.course.checks import (FACTS_MARKER, judge_names, parse_facts, run_judge,
                                    split_check)
