@@ -32,8 +32,11 @@ def _edit(nb, gid, src):
     # Lab 07 grades a live 2-rank verdict; one reference graded side by side with the
     # wrong answer (about a minute each to grade) keeps CI short; Lab 00 above is the one
     # graded repeatedly
+    # ("twice as slow is 100 % slower": the extra time, not the lost share of throughput)
     ("07", 1, "predict_straggler",
-     'my_prediction = {"loss_at_slow": 1.0, "rebalanced_speedup": 1.5}', "check_prediction"),
+     'def predict_straggler(slowdown):\n'
+     '    return {"loss_at_slow": slowdown - 1, "rebalanced_speedup": (1 + slowdown) / 2}\n\n\n'
+     'my_prediction = predict_straggler(2.0)', "check_prediction"),
 ])
 def test_reference_graded_repeatedly_gets_full_marks(tmp_path, lab, copies, gid, wrong, check):
     (sol,) = sorted((ROOT / "solutions").glob(f"{lab}_*.ipynb"))

@@ -111,14 +111,23 @@ def test_no_check_grades_a_live_timing():
             assert word not in judge, (key, word)
 
 
-def _graded_lines() -> dict[tuple[str, str], list[str]]:
+def _norm(source: str) -> list[str]:
+    """A cell's code lines, stripped, without blanks, comments and imports."""
+    return [ln.strip() for ln in source.splitlines()
+            if ln.strip() and not ln.strip().startswith(("#", "import ", "from "))]
+
+
+def _graded_lines() -> dict[tuple[str, str], tuple[set[str], set[str]]]:
+    """Per graded check: (its 3-line windows, its assert lines): what would give a
+    reference away. Single common lines (``optimizer.step()``) are not secrets."""
     out = {}
     for key, src in CHECKS.items():
         check = split_check(src)
         if check.graded is not None:
-            body = check.graded.grader_source + "\n" + check.graded.answer_source
-            out[key] = [ln.strip() for ln in body.splitlines()
-                        if len(ln.strip()) > 12 and not ln.strip().startswith(("import ", "from "))]
+            lines = _norm(check.graded.grader_source + "\n" + check.graded.answer_source)
+            windows = {"\n".join(lines[k:k + 3]) for k in range(len(lines) - 2)}
+            asserts = {ln for ln in lines if ln.startswith("assert ") and len(ln) > 20}
+            out[key] = (windows, asserts)
     return out
 
 
@@ -133,25 +142,31 @@ def _cells(folder: str) -> dict[tuple[str, str], str]:
 
 
 def test_no_graded_part_or_solution_reaches_labs():
-    """Not a line of a graded part (its cases, answer, judge: the references) is in any
-    file under labs/, and no line of a lab's reference solutions is in the self-check a
-    student sees of a graded check."""
+    """No graded part (its cases, answer, judge: the references; any three consecutive
+    lines of it, or any of its assertions) is in a notebook under labs/, and no line of a
+    lab's reference solutions (three consecutive lines) is in the self-check a student
+    sees of a graded check."""
     import re
 
     text = "\n".join(p.read_text() for p in sorted((ROOT / "labs").rglob("*")) if p.is_file())
+    assert "### GRADED" not in text
+    cells = [_norm(c.source) for p in sorted((ROOT / "labs").glob("*.ipynb"))
+             for c in nbformat.read(str(p), as_version=4).cells if c.cell_type == "code"]
+    shown = {"\n".join(lines[k:k + 3]) for lines in cells for k in range(len(lines) - 2)}
+    shown_lines = {ln for lines in cells for ln in lines}
     graded = _graded_lines()
     assert graded, "no graded check found"
-    for key, lines in graded.items():
-        for ln in lines:
-            assert ln not in text, (key, ln)
-    assert "### GRADED" not in text
+    for key, (windows, asserts) in graded.items():
+        assert not windows & shown, (key, sorted(windows & shown)[:3])
+        assert not asserts & shown_lines, (key, sorted(asserts & shown_lines)[:3])
     student = _cells("labs")
-    solutions: dict[str, list[str]] = {}
+    solutions: dict[str, set[str]] = {}
     for (lab, _), src in _cells("solutions").items():
         for block in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", src, re.S):
-            solutions.setdefault(lab, []).extend(
-                ln.strip() for ln in block.splitlines()
-                if len(ln.strip()) > 16 and not ln.strip().startswith("#"))
+            lines = _norm(block)
+            solutions.setdefault(lab, set()).update(
+                "\n".join(lines[k:k + 3]) for k in range(len(lines) - 2))
     for key in graded:
-        for ln in solutions.get(key[0], []):
-            assert ln not in student[key], (key, ln)
+        lines = _norm(student[key])
+        seen = {"\n".join(lines[k:k + 3]) for k in range(len(lines) - 2)}
+        assert not seen & solutions.get(key[0], set()), (key, sorted(seen & solutions[key[0]])[:2])

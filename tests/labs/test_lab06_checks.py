@@ -1,120 +1,69 @@
-"""Lab 06's check cells: each judge passes the right facts and fails wrong ones (the
-``FACTS_06`` table), and wrong *student code* fails its check through the lab's own probe:
-wrong least-squares fits run in this process; wrong data-parallel files (a sum instead of
-an average, blocking or late allreduces, buckets in the wrong order or with the wrong
-cap, a wrapper around DDP, an fp32 or borrowed hook) run on 2 gloo ranks, all in one
-launch. The lab's reference file matches DistributedDataParallel's gradients."""
-from __future__ import annotations
+"""Lab 06's checks, all graded (perflab.course.cases), run on real answers as grading runs
+them: the reference solution passes at several seeds, an honest variant written
+differently passes, wrong answers fail on a hidden case.
 
+* the least-squares fit and the overlap efficiency: pure functions on hidden cases, in
+  this process;
+* the data-parallel file (a sum instead of an average, blocking or late allreduces,
+  buckets in the wrong order or with the wrong cap, a wrapper around DDP, an fp32 or
+  borrowed hook): a live run. The lab's one launch runs the student's file on the check
+  model and on a second MLP with caps that make 1, 2 and 3 buckets; the graded part
+  reads what the ranks recorded and the grader recomputes the ranks' mean gradient and
+  DDP's bucket assignment on its side. Here one launch runs every file on those runs,
+  and the grader's references are checked against DistributedDataParallel itself."""
+from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, assert_judge_decides, grade_reference_and_wrong
+from tests.labs.labcheck import Lab, grade_reference_and_wrong
+from perflab.course.checks import split_check
 from perflab.labs.lab06.checks import GRAD_ATOL, GRAD_RTOL, compare_rank
-from perflab.analysis.overlap import ideal_step_s
 from perflab.analysis.collectives import recorded_allreduce_sweep
+from perflab.models import mlp
 from perflab.distributed import launch_fn
 
 LAB = Lab("06")
 CHECK_SIZES, CHECK_CAP_MB, CHECK_STEPS = [16, 32, 32, 8], 1184 / 2**20, 3
 
-
-# -- the judges on plain facts ------------------------------------------------------------
-def _ref_fit(n, t, p):
-    n, t = np.asarray(n, float), np.asarray(t, float)
-    a = np.stack([np.ones_like(n), 2 * (p - 1) / p * n], axis=1) / t[:, None]
-    (alpha, inv), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    return [float(alpha), float(1 / inv)]
+#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every Lab 06
+#: check is graded on hidden cases (GRADED_TESTED).
+FACTS_06: dict = {}
+GRADED_TESTED = ("check_fit_alpha_beta", "check_per_param", "check_my_ddp",
+                 "check_fp16_hook", "check_overlap_efficiency")
 
 
-def _syn(p, seed):
-    rng = np.random.default_rng(seed)
-    n = np.repeat([2 ** k for k in range(10, 27, 2)], 2).astype(float)
-    return n, (2e-4 + 2 * (p - 1) / p * n / 5e9) * rng.uniform(0.95, 1.05, len(n))
+def _fails_on_a_hidden_case(verdict) -> bool:
+    return not verdict.passed and verdict.message.startswith("hidden case")
 
 
-_REC, _ = recorded_allreduce_sweep()
-_FITS = {link: _ref_fit(g.size_bytes, g.time_s, 2) for link, g in _REC.groupby("link")}
-_FITS["synthetic p=8"] = _ref_fit(*_syn(8, 6), 8)
-_FITS["synthetic p=4"] = _ref_fit(*_syn(4, 7), 4)
-_NO_RING = {**_FITS, "synthetic p=8": [_FITS["synthetic p=8"][0], _FITS["synthetic p=8"][1] * 8 / 14]}
-
-_G = [[[[0.5, -1.0], [0.25]], [[0.1, 0.2], [0.3]]]] * 2      # [rank][step][param][values]
-_G2 = [[[[2 * v for v in p] for p in step] for step in rank] for rank in _G]
-_NUMELS = [2, 1]
-_PP = {"grads": _G, "ddp": _G, "calls": [[[2, 1], [1, 2]]] * 2, "numels": _NUMELS, "error": None}
-_CALLS = [[[{"numel": 1, "async_op": True, "in_backward": True},
-            {"numel": 2, "async_op": True, "in_backward": True}]] * 2] * 2
-_MY = {"grads": _G, "ddp": _G, "buckets": [[1], [0]], "ddp_buckets": [[1], [0]], "calls": _CALLS,
-       "wraps_ddp": False, "numels": _NUMELS, "error": None}
-_FP = {"grads": _G, "torch": _G, "calls": [[["float16", 1, 2], ["float16", 2, 4]]] * 2,
-       "bucket_numels": [1, 2], "delegates": False, "error": None}
-
-
-def _set_calls(key, value):
-    return [[[{**c, key: value} for c in step] for step in rank] for rank in _CALLS]
-
-
-def _ov(c, m, s, f):
-    return [(c + m - s) / (c + m - ideal_step_s(c, m)), (c + m - s) / (c + m - ideal_step_s(c, m, f))]
-
-
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)])
-FACTS_06 = {
-    ("06", "check_fit_alpha_beta"): (
-        {"fits": _FITS, "delegated": []},
-        [({"fits": _FITS, "delegated": ["fit_alpha_beta"]}, False),
-         ({"fits": _NO_RING, "delegated": []}, False),
-         ({"fits": {**_FITS, "synthetic p=4": [_FITS["synthetic p=4"][0] * 1.01,
-                                               _FITS["synthetic p=4"][1]]}, "delegated": []}, True)]),
-    ("06", "check_per_param"): (
-        {"per_param": _PP},
-        [({"per_param": {**_PP, "grads": _G2}}, False),
-         ({"per_param": {**_PP, "calls": [[[3], [3]]] * 2}}, False),
-         ({"per_param": {**_PP, "grads": [[], []], "calls": [[], []],
-                         "error": "NotImplementedError: "}}, False)]),
-    ("06", "check_my_ddp"): (
-        {"my_ddp": _MY},
-        [({"my_ddp": {**_MY, "wraps_ddp": True}}, False),
-         ({"my_ddp": {**_MY, "grads": [[], []], "calls": [[], []], "buckets": [],
-                      "error": "NotImplementedError: "}}, False),
-         ({"my_ddp": {**_MY, "buckets": [[0], [1]]}}, False),
-         ({"my_ddp": {**_MY, "grads": _G2}}, False),
-         ({"my_ddp": {**_MY, "calls": _set_calls("async_op", False)}}, False),
-         ({"my_ddp": {**_MY, "calls": _set_calls("in_backward", False)}}, False)]),
-    ("06", "check_fp16_hook"): (
-        {"fp16": _FP},
-        [({"fp16": {**_FP, "delegates": True}}, False),
-         ({"fp16": {**_FP, "grads": [[], []], "calls": [[], []], "error": "NotImplementedError: "}},
-          False),
-         ({"fp16": {**_FP, "calls": [[["float32", 1, 4], ["float32", 2, 8]]] * 2}}, False),
-         ({"fp16": {**_FP, "grads": _G2}}, False)]),
-    ("06", "check_overlap_efficiency"): (
-        {"cases": [[1.0, 0.9, 1.3, 0.3], [0.5, 0.8, 1.0, 0.2]],
-         "yours": [_ov(1.0, 0.9, 1.3, 0.3), _ov(0.5, 0.8, 1.0, 0.2)]},
-        [({"cases": [[1.0, 0.9, 1.3, 0.3]], "yours": [_ov(1.0, 0.9, 1.3, 0.3)[::-1]]}, False)]),
-}
-
-
-@pytest.mark.parametrize("key", sorted(FACTS_06), ids=lambda k: f"{k[0]}-{k[1]}")
-def test_lab06_judges(key):
-    assert_judge_decides(LAB.cells[key[1]], *FACTS_06[key], name=key[1])
-
-
-# -- wrong least-squares fits, through the lab's own probe ------------------------------------
+# -- the least-squares fit ----------------------------------------------------------------------
 _FIT = LAB.solution("fit_alpha_beta")
 WRONG_FITS = {
-    "reference": _FIT,
     # plain least squares: the largest messages decide, alpha comes out wrong
     "unweighted": _FIT.replace("/ t[:, None]", "").replace("np.ones_like(t), rcond", "t, rcond"),
     # message bytes instead of the ring's wire bytes: right only for 2 ranks
     "no_ring": _FIT.replace("ring_allreduce_wire_bytes(float(x), world_size)", "float(x)"),
-    # delegates to perflab
-    "delegates": "def my_fit_alpha_beta(n, t, p):\n    f = perflab.fit_alpha_beta(n, t, world_size=p)\n"
-                 "    return f.alpha_s, f.busbw_bytes_per_s\n",
+    # the algorithm bandwidth n / T instead of the bus bandwidth
+    "algbw": _FIT.replace("return float(alpha), float(1.0 / inv_busbw)",
+                          "return float(alpha), float(1.0 / inv_busbw) * world_size / (2 * (world_size - 1))"),
+    # the two examples typed in, plain least squares elsewhere
+    "examples_only": ("def my_fit_alpha_beta(n, t, p):\n"
+                      "    if p == 2 and len(n) == 3:\n"
+                      "        return 119.86349e-6, 2.2220317e9\n"
+                      "    w = 2 * (p - 1) / p * np.asarray(n, float)\n"
+                      "    (a, inv), *_ = np.linalg.lstsq(np.stack([np.ones_like(w), w], 1), "
+                      "np.asarray(t, float), rcond=None)\n"
+                      "    return a, 1 / inv\n"),
 }
+DELEGATES = ("def my_fit_alpha_beta(n, t, p):\n    f = perflab.fit_alpha_beta(n, t, world_size=p)\n"
+             "    return f.alpha_s, f.busbw_bytes_per_s\n")
+HONEST_FIT = ("def my_fit_alpha_beta(size_bytes, time_s, world_size):\n"  # weighted polyfit
+              "    t = np.asarray(time_s, dtype=float)\n"
+              "    w = np.asarray(size_bytes, dtype=float) * 2 * (world_size - 1) / world_size\n"
+              "    slope, intercept = np.polyfit(w, t, 1, w=1 / t)\n"
+              "    return intercept, 1 / slope\n")
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +75,92 @@ def lab_ns():
     return ns
 
 
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_fit_reference_passes_at_any_seed(lab_ns, seed):
+    scope = dict(lab_ns)
+    LAB.run_code(scope, _FIT)
+    verdict = LAB.judge(scope, "check_fit_alpha_beta", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_fit_honest_variant_passes(lab_ns):
+    assert LAB.verdict(lab_ns, HONEST_FIT, "check_fit_alpha_beta").passed
+
+
 @pytest.mark.parametrize("name", sorted(WRONG_FITS))
-def test_fit_answers(name, lab_ns):
+def test_wrong_fit_fails(lab_ns, name):
+    assert WRONG_FITS[name] != _FIT
     verdict = LAB.verdict(lab_ns, WRONG_FITS[name], "check_fit_alpha_beta")
-    assert verdict.passed == (name == "reference"), (name, verdict.message)
+    assert _fails_on_a_hidden_case(verdict), (name, verdict)
 
 
-# -- wrong data-parallel files, on 2 gloo ranks in one launch -----------------------------------
+def test_fit_delegating_to_perflab_fails(lab_ns):
+    verdict = LAB.verdict(lab_ns, DELEGATES, "check_fit_alpha_beta")
+    assert not verdict.passed and "fit_alpha_beta" in verdict.message, verdict
+
+
+def test_fit_self_check_runs_the_examples(lab_ns):
+    """The visible part passes the reference and stops the unweighted fit (its second
+    example), and the examples-only fit passes it: only the hidden cases catch that."""
+    probe = split_check(LAB.cells["check_fit_alpha_beta"]).probe
+    for code, passes in ((_FIT, True), (WRONG_FITS["unweighted"], False),
+                         (WRONG_FITS["examples_only"], True)):
+        scope = dict(lab_ns)
+        LAB.run_code(scope, code)
+        if passes:
+            LAB.run_code(scope, probe)
+        else:
+            with pytest.raises(AssertionError, match="example with p = 2"):
+                LAB.run_code(scope, probe)
+
+
+# -- overlap efficiency ----------------------------------------------------------------------------
+_OVERLAP = LAB.solution("overlap_efficiency")
+WRONG_OVERLAP = {
+    "swapped": _OVERLAP.replace("return textbook, ddp", "return ddp, textbook"),
+    "textbook_twice": _OVERLAP.replace("return textbook, ddp", "return textbook, textbook"),
+    # the DDP bound without comm: max(compute, forward)
+    "no_comm_in_bound": _OVERLAP.replace("max(compute_s, forward_s + comm_s)",
+                                         "max(compute_s, forward_s)"),
+    "examples_only": ("def my_overlap_efficiency(c, m, s, f):\n"
+                      "    return {(1.0, 0.9, 1.3, 0.3): (2 / 3, 6 / 7), "
+                      "(0.5, 0.8, 1.0, 0.2): (0.6, 1.0)}.get((c, m, s, f), (0.5, 0.5))\n"),
+}
+HONEST_OVERLAP = ("def my_overlap_efficiency(compute_s, comm_s, step_s, forward_s):\n"
+                  "    hidden = compute_s + comm_s - step_s\n"
+                  "    return (hidden / min(compute_s, comm_s),\n"
+                  "            hidden / (compute_s + comm_s - max(compute_s, forward_s + comm_s)))\n")
+DELEGATES_OVERLAP = (
+    "from perflab.analysis.overlap import overlap_efficiency as oe\n"
+    "def my_overlap_efficiency(c, m, s, f):\n"
+    "    return oe(c, m, s, max(c, m)), oe(c, m, s, max(c, f + m))\n")
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_overlap_reference_passes_at_any_seed(seed):
+    scope = {"__name__": "__main__"}
+    LAB.run_code(scope, _OVERLAP)
+    verdict = LAB.judge(scope, "check_overlap_efficiency", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_overlap_honest_variant_passes():
+    assert LAB.verdict({"__name__": "__main__"}, HONEST_OVERLAP, "check_overlap_efficiency").passed
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_OVERLAP))
+def test_wrong_overlap_fails(name):
+    assert WRONG_OVERLAP[name] != _OVERLAP
+    verdict = LAB.verdict({"__name__": "__main__"}, WRONG_OVERLAP[name], "check_overlap_efficiency")
+    assert _fails_on_a_hidden_case(verdict), (name, verdict)
+
+
+def test_overlap_delegating_to_perflab_fails():
+    verdict = LAB.verdict({"__name__": "__main__"}, DELEGATES_OVERLAP, "check_overlap_efficiency")
+    assert not verdict.passed and "overlap_efficiency" in verdict.message, verdict
+
+
+# -- the data-parallel file, on 2 gloo ranks ------------------------------------------------------
 def _reference_file() -> str:
     src = LAB.solution("ddp_file")
     return src.split("\n", 1)[1]  # drop the %%writefile line
@@ -140,8 +168,34 @@ def _reference_file() -> str:
 
 _REF = _reference_file()
 _GOOD_MYDDP_INIT = "        self._in_flight = []                 # (bucket index, flat buffer, work handle)\n"
-WRONG_FILES = {
+_HOOK_LINE = "    half = bucket.buffer().to(torch.float16).div_(group.size())\n"
+
+
+def _honest_file() -> str:
+    """The exercises written differently: divide before the per-parameter allreduce, MyDDP
+    sizes its buckets with ``nbytes`` and divides after the allreduce, the hook divides
+    after the fp16 allreduce."""
+    out = _REF
+    for old, new in [
+        ("            dist.all_reduce(p.grad)          # sum over the ranks, in place\n"
+         "            p.grad.div_(world_size)          # ... then the average\n",
+         "            p.grad /= world_size\n            dist.all_reduce(p.grad)\n"),
+        ("size += p.numel() * p.element_size()", "size += p.nbytes"),
+        ("            flat.div_(dist.get_world_size())\n", ""),
+        ("p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))",
+         "p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / dist.get_world_size())"),
+        (_HOOK_LINE, "    half = bucket.buffer().half()\n"),
+        ("out.copy_(fut.value()[0])", "out.copy_(fut.value()[0].div(group.size()))"),
+    ]:
+        assert old in out, old
+        out = out.replace(old, new)
+    return out
+
+
+#: name -> (the file, the checks it fails)
+STUDENT_FILES = {
     "reference": (_REF, set()),
+    "honest": (_honest_file(), set()),
     # the sum over ranks, not the average
     "per_param_sum": (_REF.replace("            p.grad.div_(world_size)          # ... then the average\n",
                                    ""), {"check_per_param"}),
@@ -170,65 +224,215 @@ WRONG_FILES = {
     "wraps_ddp": (_REF.replace(
         _GOOD_MYDDP_INIT, _GOOD_MYDDP_INIT + "        self._ddp = torch.nn.parallel."
         "DistributedDataParallel(module, bucket_cap_mb=bucket_cap_mb)\n"), {"check_my_ddp"}),
+    # ... built only in the first forward
+    "ddp_in_forward": (_REF.replace(
+        "        return self.module(*args, **kwargs)\n",
+        "        if not hasattr(self, '_ddp'):\n"
+        "            self._ddp = torch.nn.parallel.DistributedDataParallel(self.module)\n"
+        "        return self._ddp(*args, **kwargs)\n"), {"check_my_ddp"}),
     # the hook sends fp32
     "fp32_hook": (_REF.replace("bucket.buffer().to(torch.float16).div_(group.size())",
                                "bucket.buffer().div_(group.size())"), {"check_fp16_hook"}),
+    # the fp16 hook sums instead of averaging, or never copies the result back
+    "fp16_sum": (_REF.replace("bucket.buffer().to(torch.float16).div_(group.size())",
+                              "bucket.buffer().to(torch.float16)"), {"check_fp16_hook"}),
+    "fp16_no_copy_back": (_REF.replace("        out.copy_(fut.value()[0])            # back to fp32, into DDP's bucket\n",
+                                       ""), {"check_fp16_hook"}),
     # an exercise left unanswered: only its own check fails, the launch goes on
     "unanswered_hook": (_REF.replace('    group = process_group if process_group is not None else dist.group.WORLD\n',
                                      '    raise NotImplementedError()\n'), {"check_fp16_hook"}),
     "unanswered_wrapper": (_REF.replace("        cap = bucket_cap_mb * 2**20          # MiB, as DDP counts it\n",
                                         "        raise NotImplementedError()\n"), {"check_my_ddp"}),
-    # torch's hook under the student's name
+    # torch's hook under the student's name, or called from the student's
     "torch_hook": (_REF + "\nfrom torch.distributed.algorithms.ddp_comm_hooks.default_hooks "
                           "import fp16_compress_hook as my_fp16_hook\n", {"check_fp16_hook"}),
+    "torch_hook_called": (_REF.replace(
+        "    group = process_group if process_group is not None else dist.group.WORLD\n",
+        "    return fp16_compress_hook(process_group, bucket)\n") + (
+        "\nfrom torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook\n"),
+        {"check_fp16_hook"}),
 }
 CHECKS = ("check_per_param", "check_my_ddp", "check_fp16_hook")
 
 
-def many_files_rank(modules: list[str]) -> dict:
-    """Rank body: :func:`perflab.compare_rank` for each module (one process start-up)."""
-    return {m: compare_rank(m, CHECK_SIZES, CHECK_CAP_MB, CHECK_STEPS) for m in modules}
+def _grader(gid: str) -> dict:
+    """The names the check's graded part defines in the grader (its references)."""
+    ns: dict = {}
+    exec(compile(split_check(LAB.cells[gid]).graded.grader_source, gid, "exec"), ns)  # noqa: S102
+    return ns
+
+
+#: The runs of the lab's launch the graded checks judge, as the grader knows them:
+#: compare_rank's arguments after the module name.
+RUNS = [[c["sizes"], c["bucket_cap_mb"], c["steps"], c["batch"], c["lr"], c["seed"]]
+        for c in _grader("check_my_ddp")["lab06_live_runs"]()]
+
+
+def many_files_rank(modules: list[str], configs: list[list]) -> dict:
+    """Rank body: :func:`compare_rank` for each module on each run (one process start-up)."""
+    return {m: [compare_rank(m, *c) for c in configs] for m in modules}
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
+    """Every student file on every run of the lab's launch, in one launch of 2 gloo ranks:
+    ``{name: [[rank 0, rank 1] per run]}``."""
     import sys
 
     folder = tmp_path_factory.mktemp("lab06_files")
-    for name, (src, _) in WRONG_FILES.items():
+    for name, (src, _) in STUDENT_FILES.items():
         assert src != _REF or name == "reference", f"{name}: the replacement did not apply"
         (folder / f"ddp_wrong_{name}.py").write_text(src)
     sys.path.insert(0, str(folder))
     try:
-        yield launch_fn(many_files_rank, 2, device="cpu", timeout_s=300,
-                        args=([f"ddp_wrong_{n}" for n in WRONG_FILES],))
+        out = launch_fn(many_files_rank, 2, device="cpu", timeout_s=600,
+                        args=([f"ddp_wrong_{n}" for n in STUDENT_FILES], RUNS))
     finally:
         sys.path.remove(str(folder))
+    return {name: [[r[f"ddp_wrong_{name}"][k] for r in out] for k in range(len(RUNS))]
+            for name in STUDENT_FILES}
 
 
-@pytest.mark.parametrize("name", sorted(WRONG_FILES))
+def _lab_globals(runs: list) -> dict:
+    """What the lab's launch cell leaves in the notebook: ``checked`` (the check model)
+    and ``checked_caps`` (the second MLP's caps), each ``[rank 0, rank 1]``."""
+    return {"__name__": "__main__", "checked": runs[0], "checked_caps": runs[1:], "np": np,
+            "CHECK_STEPS": CHECK_STEPS, "CAP_ARGS": [tuple(c) for c in RUNS[1:]]}
+
+
+def test_the_grader_knows_the_labs_runs(lab_ns):
+    """The runs the graded checks judge are the ones the lab's launch makes: the check
+    model, then the second MLP with caps that make 1, 2 and 3 buckets, each cap the
+    bytes of its first bucket exactly (so closing a bucket only strictly over the cap
+    differs); the grader's bucket assignment says so."""
+    assert RUNS[0] == [lab_ns["CHECK_SIZES"], lab_ns["CHECK_CAP_MB"], lab_ns["CHECK_STEPS"], 4, 0.1, 0]
+    assert RUNS[1:] == [list(c) for c in lab_ns["CAP_ARGS"]]
+    buckets = _grader("check_my_ddp")["lab06_ddp_buckets"]
+    assert [len(buckets(c[0], c[1])) for c in RUNS] == [3, 1, 2, 3]
+    for sizes, cap_mb, *_ in RUNS:
+        params = list(mlp(sizes).parameters())
+        first = buckets(sizes, cap_mb)[0]
+        assert sum(params[i].numel() * 4 for i in first) == round(cap_mb * 2**20)
+
+
+@pytest.mark.parametrize("name", sorted(STUDENT_FILES))
 @pytest.mark.slow
 def test_student_files(name, ranks):
-    failing = WRONG_FILES[name][1]
-    ns = {"checked": [r[f"ddp_wrong_{name}"] for r in ranks]}
+    failing = STUDENT_FILES[name][1]
     for gid in CHECKS:
-        verdict = LAB.judge(dict(ns), gid)
-        assert verdict.passed == (gid not in failing), (name, gid, verdict.message)
+        verdict = LAB.judge(_lab_globals(ranks[name]), gid)
+        if gid in failing:
+            assert _fails_on_a_hidden_case(verdict), (name, gid, verdict)
+        else:
+            assert verdict.passed, (name, gid, verdict.message)
+
+
+@pytest.mark.parametrize("gid", CHECKS)
+@pytest.mark.slow
+def test_reference_passes_at_other_seeds(gid, ranks):
+    for seed in (1, "grade:ada"):  # a live run: the same runs whatever the seed
+        verdict = LAB.judge(_lab_globals(ranks["reference"]), gid, seed=seed)
+        assert verdict.passed, verdict.message
+
+
+@pytest.mark.slow
+def test_short_records_fail(ranks):
+    """A run with a step missing, or one rank missing, never passes."""
+    import copy
+
+    for gid, variant in (("check_per_param", "per_param"), ("check_my_ddp", "bucketed"),
+                         ("check_fp16_hook", "fp16")):
+        runs = copy.deepcopy(ranks["reference"])
+        for r in runs[2]:
+            r[variant]["grads"].pop()
+        assert _fails_on_a_hidden_case(LAB.judge(_lab_globals(runs), gid)), gid
+        runs = copy.deepcopy(ranks["reference"])
+        runs[1] = runs[1][:1]
+        assert _fails_on_a_hidden_case(LAB.judge(_lab_globals(runs), gid)), gid
+
+
+@pytest.mark.slow
+def test_graders_references_match_ddp(ranks):
+    """What the grader computes on its side is what DistributedDataParallel does on every
+    run: DDP's buckets (after its first-step rebuild) are ``lab06_ddp_buckets``, its
+    gradients the ranks' mean gradient (``lab06_mean_grads``), and torch's
+    fp16_compress_hook's gradients the fp16 mean, which the fp32 mean is not."""
+    grader = _grader("check_fp16_hook")
+    for config, run in zip(RUNS, ranks["reference"]):
+        sizes, cap_mb, steps, batch, lr, seed = config
+        case = {"sizes": sizes, "bucket_cap_mb": cap_mb, "steps": steps, "batch": batch,
+                "lr": lr, "seed": seed}
+        want32, _ = grader["lab06_mean_grads"](case)
+        want16, scales = grader["lab06_mean_grads"](case, fp16=True)
+        for rank, r in enumerate(run):
+            assert r["ddp_buckets"] == grader["lab06_ddp_buckets"](sizes, cap_mb), config
+            grader["lab06_same_grads"](r["ddp"]["grads"], want32, rank, rtol=GRAD_RTOL)
+            grader["lab06_same_grads"](r["torch_fp16"]["grads"], want16, rank, rtol=1e-3)
+            with pytest.raises(AssertionError):
+                grader["lab06_same_grads"](r["ddp"]["grads"], want16, rank, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_fp16_judge_allows_the_ranks_own_rounding(ranks, monkeypatch):
+    """The ranks' fp32 gradients may differ from the grader's in the last bit (threads,
+    kernels); rounded to fp16 and summed, where the ranks' gradients nearly cancel, that
+    is many fp16 ulps of the mean. The fp16 judge allows a few fp16 roundings of the
+    ranks' gradients: the reference still passes when the grader's own gradients are
+    jittered by 1e-6, while a plain rtol of the mean would fail it."""
+    import torch
+
+    real_grad = torch.autograd.grad
+    gen = torch.Generator().manual_seed(0)
+
+    def jittered(outputs, inputs, *a, **k):
+        return tuple(g * (1 + 1e-6 * torch.randn(g.shape, generator=gen))
+                     for g in real_grad(outputs, inputs, *a, **k))
+    grader = _grader("check_fp16_hook")
+    monkeypatch.setattr(torch.autograd, "grad", jittered)
+    strict_failed = False
+    for config, run in zip(RUNS, ranks["reference"]):
+        sizes, cap_mb, steps, batch, lr, seed = config
+        case = {"sizes": sizes, "bucket_cap_mb": cap_mb, "steps": steps, "batch": batch,
+                "lr": lr, "seed": seed}
+        want16, scales = grader["lab06_mean_grads"](case, fp16=True)
+        for rank, r in enumerate(run):
+            grader["lab06_same_grads"](r["fp16"]["grads"], want16, rank, rtol=3e-3, scales=scales)
+            try:
+                grader["lab06_same_grads"](r["fp16"]["grads"], want16, rank, rtol=1e-3)
+            except AssertionError:
+                strict_failed = True
+    assert strict_failed
 
 
 @pytest.mark.slow
 def test_reference_wrapper_matches_ddp_gradients(ranks):
     """The lab's reference MyDDP and allreduce_gradients give DDP's gradients after every
-    step, on both ranks (atol GRAD_ATOL, rtol GRAD_RTOL), and DDP's buckets."""
-    for r in ranks:
-        ref = r["ddp_wrong_reference"]
-        assert ref["student_buckets"] == ref["ddp_buckets"] and len(ref["ddp_buckets"]) == 3
-        for variant in ("bucketed", "per_param"):
-            for mine, ddp in zip(ref[variant]["grads"], ref["ddp"]["grads"], strict=True):
-                for a, b in zip(mine, ddp, strict=True):
-                    np.testing.assert_allclose(a, b, atol=GRAD_ATOL, rtol=GRAD_RTOL)
+    step, on both ranks (atol GRAD_ATOL, rtol GRAD_RTOL), and DDP's buckets, on every run."""
+    for run in ranks["reference"]:
+        for r in run:
+            assert r["student_buckets"] == r["ddp_buckets"]
+            for variant in ("bucketed", "per_param"):
+                for mine, ddp in zip(r[variant]["grads"], r["ddp"]["grads"], strict=True):
+                    for a, b in zip(mine, ddp, strict=True):
+                        np.testing.assert_allclose(a, b, atol=GRAD_ATOL, rtol=GRAD_RTOL)
         # the ranks saw different data, yet DDP leaves them with the same gradients
-        assert ref["ddp"]["losses"] != ranks[1 - ranks.index(r)]["ddp_wrong_reference"]["ddp"]["losses"]
+        assert run[0]["ddp"]["losses"] != run[1]["ddp"]["losses"]
+
+
+@pytest.mark.parametrize("name", sorted(STUDENT_FILES))
+@pytest.mark.slow
+def test_self_checks_on_the_labs_runs(name, ranks):
+    """The visible self-checks, on the same runs (DDP beside the student's code), pass
+    the right files and stop the wrong ones at the check that names the mistake."""
+    failing = STUDENT_FILES[name][1]
+    for gid in CHECKS:
+        ns = _lab_globals(ranks[name])
+        probe = split_check(LAB.cells[gid]).probe
+        if gid in failing:
+            with pytest.raises(AssertionError):
+                LAB.run_code(ns, probe)
+        else:
+            LAB.run_code(ns, probe)
 
 
 # -- the library pieces the lab reads ----------------------------------------------------------

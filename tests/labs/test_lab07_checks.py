@@ -1,126 +1,114 @@
-"""Lab 07's check cells: each judge passes the right facts and fails wrong ones (the
-``FACTS_07`` table), and wrong *student code* -- a detector that compares with the median
-of all ranks, a z-score rule, one that forgets the window, one that delegates to perflab's
-``detect_stragglers``, a rebalance that favours the slow rank, a gather that all-reduces
-instead of all-gathering (run on 2 gloo ranks) -- fails its check through the lab's own
-probe."""
+"""Lab 07's check cells, graded on hidden cases (:mod:`perflab.course.cases`): each runs
+here as grading runs it (the student's code in the "kernel", the judge apart, answers as
+JSON). The reference solution passes at several seeds, an honest variant written
+differently passes, and wrong *student code* fails its check on a hidden case: a
+prediction that says "100 % slower", a detector that compares with the median of all
+ranks, a z-score rule, one that forgets the window, a rebalance that favours the slow
+rank, a gather that all-reduces instead of all-gathering (also run on 2 gloo ranks);
+code that delegates to perflab's ``detect_stragglers``, ``reference_gather`` or
+``predicted_throughput_loss`` fails naming it."""
 from __future__ import annotations
 
 import importlib
+import random
 
 import numpy as np
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, assert_judge_decides
-from perflab import detect_stragglers
+from tests.labs.labcheck import Lab
 from perflab.analysis.stragglers import straggler_recording
 from perflab.course.checks import split_check
 
 LAB = Lab("07")
-T = {name: c["compute_s"] for name, c in straggler_recording()["cases"].items()}
-_PARAMS = {"strict": ("4r_rank2_50pct", {"threshold": 0.8}),
-           "k1": ("4r_rank3_hiccups", {"k": 1, "n": 10}),
-           "all20": ("4r_rank0_recovered", {"k": 10, "n": 20}),
-           "n5": ("4r_rank0_recovered", {"k": 3, "n": 5}),
-           "t05": ("2r_rank1_20pct", {"threshold": 0.05, "k": 8, "n": 12}),
-           **{name: (name, {}) for name in T}}
+#: Every check of the lab is graded on hidden cases now: no facts table is left (the name
+#: stays for tests/labs/test_grading_checks.py, which merges it).
+FACTS_07: dict = {}
+GRADED_TESTED = ("check_prediction", "check_gather", "check_detector_recorded",
+                 "check_detector_live", "check_rebalance")
+SEEDS = [0, 1, "grade:ada"]
 
 
-def _found(detect) -> dict:
-    return {key: [int(r) for r in detect(T[name], **kw)] for key, (name, kw) in _PARAMS.items()}
-
-
-def _reference(t, **kw):
-    return [v.rank for v in detect_stragglers(t, **kw)]
-
-
-def _with_self(t, threshold=0.1, k=6, n=10):
-    w = np.asarray(t, dtype=float)[:, -n:]
-    med = np.median(w, axis=0)        # the rank itself pulls the median toward it
-    return [r for r in range(w.shape[0]) if (w[r] > (1 + threshold) * med).sum() >= min(k, w.shape[1])]
-
-
-_RIGHT_FOUND = _found(_reference)
-_WRONG_N5 = {**_RIGHT_FOUND, "n5": [9]}       # right on every visible case, wrong on a hidden one
-_OWN = [[[0.010, 0.011], [0.010, 0.012]], [[0.020, 0.021], [0.022, 0.020]]]  # rank x phase x step
-_GATHERED = [[[[0.010, 0.020], [0.011, 0.021]], [[0.010, 0.022], [0.012, 0.020]]]] * 2
-_GATHER = {"fixed": [[0.1, 0.2], [0.1, 0.2]], "own": _OWN, "gathered": _GATHERED}
-
-
-#: The straggler phase's gathered compute seconds (steps x ranks): rank 1 twice as slow,
-#: or (a loaded machine where rank 0 was slowed as much) no rank slower in 6 of 10 steps.
-_SLOW = [[0.010 + 0.001 * (s % 3), 0.021 + 0.001 * (s % 2)] for s in range(10)]
-_EVEN = [[0.020, 0.021] if s % 2 else [0.021, 0.020] for s in range(10)]
-
-
-def _live(v0, v1, gathered=_SLOW) -> dict:
-    return {"live": [{"verdict": v0, "gathered": gathered}, {"verdict": v1, "gathered": gathered}]}
-
-
-def _g(**changes) -> dict:
-    return {"gather_facts": {**_GATHER, **changes}}
-_SPLIT = [[[32, 32], [0.1, 0.2], [43, 21]], [[40, 20], [0.1, 0.1], [40, 20]],
-          [[3, 2, 2], [1.0, 1.0, 1.0], [3, 2, 2]]]
-
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]); ready to
-#: merge into tests/labs/test_grading_checks.py's FACTS as Lab 09's FACTS_09 is
-FACTS_07 = {
-    ("07", "check_prediction"): (
-        {"prediction": {"loss_at_slow": 0.5, "rebalanced_speedup": 1.5}},
-        [({"prediction": {"loss_at_slow": 1.0, "rebalanced_speedup": 1.5}}, False),   # "100 % slower"
-         ({"prediction": {"loss_at_slow": 0.25, "rebalanced_speedup": 1.5}}, False),  # averaged over ranks
-         ({"prediction": {"loss_at_slow": 0.5, "rebalanced_speedup": 2.0}}, False),   # back to full speed
-         ({"prediction": {"loss_at_slow": None, "rebalanced_speedup": None}}, False)]),
-    ("07", "check_gather"): (
-        _g(),
-        [(_g(fixed=[[0.1], [0.2]]), False),                     # only its own value
-         (_g(fixed=[[0.30000000000000004]] * 2), False),        # all_reduce(SUM)
-         (_g(fixed=[[0.2, 0.1], [0.2, 0.1]]), False),           # wrong order
-         (_g(gathered=[_GATHERED[0], [[None, None], _GATHERED[0][1]]]), False),
-         (_g(gathered=[_GATHERED[0], [[[0.020, 0.010], [0.021, 0.011]], _GATHERED[0][1]]]),
-          False)]),
-    ("07", "check_detector_recorded"): (
-        {"found": _RIGHT_FOUND, "delegated": []},
-        [({"found": _RIGHT_FOUND, "delegated": ["detect_stragglers"]}, False),
-         ({"found": _found(_with_self), "delegated": []}, False),
-         ({"found": _WRONG_N5, "delegated": []}, True)]),
-    ("07", "check_detector_live"): (
-        _live([1], [1]),
-        [(_live([], []), False),                                 # missed the slow rank
-         (_live([0, 1], [0, 1]), False),                         # flags the fast one too
-         (_live([1], None), False),                              # rank 1's detector raised
-         (_live([1], [1], gathered=_EVEN), False),               # hard-coded [1]: no straggler
-         (_live([1], [1], gathered=[[0.01, 0.02]] * 9 + [None]), False),  # a step not gathered
-         (_live([1], [1], gathered=[[0.01]] * 10), False)]),     # one value per step
-    ("07", "check_rebalance"): (
-        {"split": _SPLIT},
-        [({"split": [[[32, 32], [0.1, 0.2], [21, 43]]]}, False),          # favours the slow rank
-         ({"split": [[[40, 20], [0.1, 0.1], [30, 30]]]}, False),          # speed = 1 / time
-         ({"split": [[[3, 2, 2], [1.0, 1.0, 1.0], [2, 2, 2]]]}, False),   # rounded, total lost
-         ({"split": [[[32, 32], [0.1, 0.2], [42.67, 21.33]]]}, False)]),  # not ints
-}
-
-
-def test_every_check_of_the_lab_is_tabled():
+def test_every_check_of_the_lab_is_graded_and_tested():
     checks = {g for g in LAB.cells if g and g.startswith("check_")}
-    assert {("07", g) for g in checks} == set(FACTS_07)
-
-
-@pytest.mark.parametrize("key", sorted(FACTS_07), ids=lambda k: k[1])
-def test_lab07_judges(key):
-    assert_judge_decides(LAB.cells[key[1]], *FACTS_07[key], name=key[1])
+    assert checks == set(GRADED_TESTED)
+    for gid in checks:
+        assert split_check(LAB.cells[gid]).graded is not None, gid
 
 
 def test_no_judge_reads_a_clock_or_launches():
-    for gid in (k[1] for k in FACTS_07):
-        judge = split_check(LAB.cells[gid]).judge
+    for gid in GRADED_TESTED:
+        judge = split_check(LAB.cells[gid]).graded.grader_source
         for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_"):
             assert word not in judge, (gid, word)
 
 
-# -- wrong student code, through the lab's own probes -------------------------------------------
+def _fails_on_a_hidden_case(verdict) -> None:
+    assert not verdict.passed and verdict.message.startswith("hidden case"), verdict
+
+
+def _fails_naming(verdict, name: str) -> None:
+    assert not verdict.passed and name in verdict.message, verdict
+
+
+# -- check_prediction: predict_straggler(slowdown) on hidden slowdowns --------------------------
+WRONG_PREDICTIONS = {
+    # "twice as slow is 100 % slower": the loss as the extra time, not the lost share
+    "100 % slower": "def predict_straggler(s):\n"
+                    "    return {'loss_at_slow': s - 1, 'rebalanced_speedup': (1 + s) / 2}",
+    # averaged over the ranks: only one of two is slow
+    "averaged over ranks": "def predict_straggler(s):\n"
+                           "    return {'loss_at_slow': (1 - 1 / s) / 2, 'rebalanced_speedup': (1 + s) / 2}",
+    # rebalancing brings the job back to full speed
+    "back to full speed": "def predict_straggler(s):\n"
+                          "    return {'loss_at_slow': 1 - 1 / s, 'rebalanced_speedup': s}",
+    # the lab's own answer for every slowdown
+    "the lab's case only": "def predict_straggler(s):\n"
+                           "    return {'loss_at_slow': 0.5, 'rebalanced_speedup': 1.5}",
+    # written to pass the self-check's examples
+    "examples only": "def predict_straggler(s):\n"
+                     "    table = {1.0: (0.0, 1.0), 1.25: (0.2, 1.125), 2.0: (0.5, 1.5), 4.0: (0.75, 2.5)}\n"
+                     "    loss, speedup = table.get(s, (0.5, 1.5))\n"
+                     "    return {'loss_at_slow': loss, 'rebalanced_speedup': speedup}",
+    "no numbers": "def predict_straggler(s):\n"
+                  "    return {'loss_at_slow': None, 'rebalanced_speedup': None}",
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_prediction_reference_passes(seed):
+    scope = {"__name__": "__main__"}
+    LAB.run_code(scope, LAB.solution("predict_straggler"))
+    verdict = LAB.judge(scope, "check_prediction", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_prediction_honest_variant_passes():
+    honest = ("def predict_straggler(slowdown):\n"
+              "    even_step, fair_step = slowdown, 2 * slowdown / (slowdown + 1)\n"
+              "    return dict(rebalanced_speedup=even_step / fair_step,\n"
+              "                loss_at_slow=(slowdown - 1) / slowdown)")
+    verdict = LAB.verdict({"__name__": "__main__"}, honest, "check_prediction")
+    assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_PREDICTIONS))
+def test_wrong_prediction_fails(name):
+    _fails_on_a_hidden_case(LAB.verdict({}, WRONG_PREDICTIONS[name], "check_prediction"))
+
+
+def test_prediction_through_perflab_fails():
+    code = ("from perflab.analysis.stragglers import predicted_throughput_loss\n"
+            "def predict_straggler(s):\n"
+            "    return {'loss_at_slow': predicted_throughput_loss(1.0, s - 1.0),\n"
+            "            'rebalanced_speedup': (1 + s) / 2}")
+    _fails_naming(LAB.verdict({}, code, "check_prediction"), "predicted_throughput_loss")
+
+
+# -- the student's file, as modules --------------------------------------------------------------
 _FILE = LAB.cells["straggler_file"].replace("%%writefile straggler_student.py\n", "")
+_GATHER_BODY = _FILE[_FILE.index("    mine = torch.tensor([float(local_s)]"):
+                     _FILE.index("    return [float(t) for t in everyone]\n")]
 _DETECT_BODY = _FILE[_FILE.index("    window = t[:, -n:]"):_FILE.index("    return flagged\n")]
 _REBALANCE_BODY = _FILE[_FILE.index("    speed = np.asarray(batch_sizes"):
                         _FILE.index("    return [int(b) for b in new]\n")]
@@ -134,26 +122,69 @@ WRONG_FILES = {
     # any slow step flags the rank
     "any_step": ("check_detector_recorded", _FILE.replace(
         "if slow_steps >= min(k, window.shape[1]):", "if slow_steps >= 1:")),
+    # k slow steps always, even when the window holds fewer than k
+    "k_always": ("check_detector_recorded", _FILE.replace(
+        "if slow_steps >= min(k, window.shape[1]):", "if slow_steps >= k:")),
     # a z > 2 rule: cannot fire with a few ranks
     "zscore": ("check_detector_recorded", _FILE.replace(_DETECT_BODY, (
         "    z = (t - t.mean(0)) / t.std(0, ddof=1)\n"
         "    flagged = [r for r in range(t.shape[0]) if (z[r] > 2).sum() >= k]\n"))),
-    # delegates to perflab
-    "delegates": ("check_detector_recorded", _FILE.replace(_DETECT_BODY, (
-        "    from perflab import detect_stragglers\n"
-        "    flagged = [v.rank for v in detect_stragglers(t, threshold=threshold, k=k, n=n)]\n"))),
     # gives the slow rank MORE samples
     "rebalance_by_time": ("check_rebalance", _FILE.replace(
         "np.asarray(batch_sizes, dtype=float) / np.asarray(compute_s, dtype=float)",
         "np.asarray(compute_s, dtype=float)")),
+    # speed = 1 / time: forgets that the ranks' micro-batches differ
+    "rebalance_ignores_batch": ("check_rebalance", _FILE.replace(
+        "np.asarray(batch_sizes, dtype=float) / np.asarray(compute_s, dtype=float)",
+        "1.0 / np.asarray(compute_s, dtype=float)")),
     # rounds each share, so the total drifts
     "rebalance_rounded": ("check_rebalance", _FILE.replace(_REBALANCE_BODY, (
         "    speed = np.asarray(batch_sizes, dtype=float) / np.asarray(compute_s, dtype=float)\n"
         "    new = np.round(sum(batch_sizes) * speed / speed.sum())\n"))),
+    # the exact shares, not whole samples
+    "rebalance_floats": ("check_rebalance", _FILE.replace(
+        "    return [int(b) for b in new]\n",
+        "    return [float(e) for e in exact]\n")),
+}
+#: Written to pass the exercise's examples (and nothing else).
+_EXAMPLES_ONLY = {
+    "check_detector_recorded": _FILE.replace(_DETECT_BODY, (
+        "    w = t[:, -10:]\n"
+        "    slow = np.median(w[1]) > 1.1 * np.median(w[0])\n"
+        "    flagged = [1] if t.shape[0] == 2 and (slow or n == 12) else []\n"
+        "    if t.shape[0] == 4:\n"
+        "        flagged = [2]\n")),
+    "check_rebalance": _FILE.replace(_REBALANCE_BODY, (
+        "    new = {(32, 32): [43, 21], (40, 20): [40, 20], (3, 2, 2): [3, 2, 2]}.get(\n"
+        "        tuple(batch_sizes), list(batch_sizes))\n")),
+}
+#: Honest variants, written differently from the reference.
+_HONEST = {
+    "check_detector_recorded": _FILE.replace(_DETECT_BODY, (
+        "    x = torch.as_tensor(t)[:, max(0, t.shape[1] - n):]\n"
+        "    flagged = []\n"
+        "    for r in range(x.shape[0]):\n"
+        "        rest = torch.cat([x[:r], x[r + 1:]])\n"
+        "        med = torch.quantile(rest, 0.5, dim=0)\n"
+        "        hits = int((x[r] / med > 1 + threshold).sum())\n"
+        "        if hits >= k or hits == x.shape[1]:\n"
+        "            flagged.append(r)\n")),
+    "check_rebalance": _FILE.replace(_REBALANCE_BODY, (
+        "    total = sum(batch_sizes)\n"
+        "    rate = [b / s for b, s in zip(batch_sizes, compute_s)]\n"
+        "    share = [total * v / sum(rate) for v in rate]\n"
+        "    new = [int(x) for x in share]\n"
+        "    order = sorted(range(len(share)), key=lambda i: new[i] - share[i])\n"
+        "    for i in order[:total - sum(new)]:\n"
+        "        new[i] += 1\n")),
 }
 
 
-def _student(tmp_path, monkeypatch, name: str, source: str):
+_modules = iter(range(10**6))
+
+
+def _student(tmp_path, monkeypatch, source: str):
+    name = f"s07_{next(_modules)}"
     (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
@@ -165,49 +196,204 @@ def lab_ns():
     return LAB.namespace()
 
 
-def test_the_solution_file_passes_the_offline_checks(tmp_path, monkeypatch, lab_ns):
-    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, "s07_right", _FILE))
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_solution_file_passes_the_offline_checks(tmp_path, monkeypatch, lab_ns, seed):
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, _FILE))
     for gid in ("check_detector_recorded", "check_rebalance"):
-        verdict = LAB.judge(dict(ns), gid)
+        verdict = LAB.judge(dict(ns), gid, seed=seed)
         assert verdict.passed, (gid, verdict.message)
+
+
+@pytest.mark.parametrize("gid", sorted(_HONEST))
+def test_honest_variant_passes(gid, tmp_path, monkeypatch, lab_ns):
+    source = _HONEST[gid]
+    assert source != _FILE
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, source))
+    for seed in (3, "grade:bo"):
+        verdict = LAB.judge(dict(ns), gid, seed=seed)
+        assert verdict.passed, (gid, seed, verdict.message)
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_FILES))
 def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch, lab_ns):
     gid, source = WRONG_FILES[name]
     assert source != _FILE, f"{name}: the replacement did not apply"
-    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, f"s07_{name}", source))
-    assert not LAB.judge(ns, gid).passed
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, source))
+    _fails_on_a_hidden_case(LAB.judge(dict(ns), gid))
     other = "check_rebalance" if gid == "check_detector_recorded" else "check_detector_recorded"
     assert LAB.judge(dict(ns), other).passed, f"{name} should fail {gid} only"
 
 
-def test_live_check_follows_this_run_s_times_not_the_injection():
+@pytest.mark.parametrize("gid", sorted(_EXAMPLES_ONLY))
+def test_code_written_for_the_examples_fails(gid, tmp_path, monkeypatch, lab_ns):
+    source = _EXAMPLES_ONLY[gid]
+    assert source != _FILE
+    student = _student(tmp_path, monkeypatch, source)
+    ns = dict(lab_ns, straggler_student=student)
+    LAB.run_code(dict(ns), split_check(LAB.cells[gid]).probe)   # passes the self-check
+    _fails_on_a_hidden_case(LAB.judge(dict(ns), gid))
+
+
+def test_a_detector_that_delegates_fails_naming_it(tmp_path, monkeypatch, lab_ns):
+    source = _FILE.replace(_DETECT_BODY, (
+        "    from perflab import detect_stragglers\n"
+        "    flagged = [v.rank for v in detect_stragglers(t, threshold=threshold, k=k, n=n)]\n"))
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, source))
+    _fails_naming(LAB.judge(ns, "check_detector_recorded"), "detect_stragglers")
+
+
+# -- the live run's records, as the rank body writes them ----------------------------------------
+def _own(world_size=2, phases=2, steps=10, slow_rank=1, seed=0) -> list:
+    """Compute seconds [rank][phase][step]: phase 1 slows ``slow_rank`` 2x."""
+    rng = random.Random(seed)
+    return [[[0.02 * rng.uniform(0.95, 1.05) * (2.0 if p == 1 and r == slow_rank else 1.0)
+              for _ in range(steps)] for p in range(phases)] for r in range(world_size)]
+
+
+def _ranks(student, own, gather=lambda rank, row: list(row), fixed=None) -> list[dict]:
+    """What straggler_rank returns on each rank, ``gather`` standing for the student's
+    gather (rank, the ranks' own values) -> what that rank received, and ``student``'s
+    my_detect run after each step on the history, as the rank body runs it."""
+    ws, n_phases, steps = len(own), len(own[0]), len(own[0][0])
+    out = []
+    for r in range(ws):
+        phases = []
+        for p in range(n_phases):
+            gathered = [gather(r, [own[q][p][s] for q in range(ws)]) for s in range(steps)]
+            verdicts = []
+            for s in range(steps):
+                history = gathered[:s + 1]
+                if ws > 1 and all(g is not None and len(g) == ws for g in history):
+                    v = student.my_detect(np.asarray(history, dtype=float).T.tolist())
+                    verdicts.append([int(x) for x in v])
+                else:
+                    verdicts.append(None)
+            phases.append({"name": f"phase {p}", "compute_s": own[r][p], "gathered": gathered,
+                           "verdicts": verdicts})
+        out.append({"rank": r, "fixed_gather": gather(r, [0.1 * (q + 1) for q in range(ws)])
+                    if fixed is None else fixed[r], "phases": phases})
+    return out
+
+
+def _live_ns(lab_ns, student, **kw) -> dict:
+    own = kw.pop("own", None) or _own()
+    return dict(lab_ns, straggler_student=student, ranks=_ranks(student, own, **kw))
+
+
+def test_gather_and_live_checks_pass_the_reference(tmp_path, monkeypatch, lab_ns):
+    student = _student(tmp_path, monkeypatch, _FILE)
+    for gid in ("check_gather", "check_detector_live"):
+        ns = _live_ns(lab_ns, student)
+        LAB.run_code(dict(ns), split_check(LAB.cells[gid]).probe)   # the self-check passes
+        for seed in SEEDS:
+            verdict = LAB.judge(dict(ns), gid, seed=seed)
+            assert verdict.passed, (gid, seed, verdict.message)
+
+
+@pytest.mark.parametrize("name, gather", [
+    ("only its own value", lambda r, row: [row[r]]),
+    ("all_reduce(SUM)", lambda r, row: [sum(row)]),
+    ("wrong order", lambda r, row: list(reversed(row))),
+    ("a stale step", lambda r, row: [v * 1.01 for v in row]),
+    ("raised", lambda r, row: None),
+])
+def test_wrong_gather_fails_gather_and_live_checks(name, gather, tmp_path, monkeypatch, lab_ns):
+    ns = _live_ns(lab_ns, _student(tmp_path, monkeypatch, _FILE), gather=gather)
+    for gid in ("check_gather", "check_detector_live"):
+        _fails_on_a_hidden_case(LAB.judge(dict(ns), gid))
+
+
+def test_gather_that_is_right_per_step_but_not_before_training_fails(tmp_path, monkeypatch,
+                                                                     lab_ns):
+    ns = _live_ns(lab_ns, _student(tmp_path, monkeypatch, _FILE), fixed=[[0.1], [0.2]])
+    _fails_on_a_hidden_case(LAB.judge(ns, "check_gather"))
+
+
+def test_gather_that_only_works_on_two_ranks_fails(tmp_path, monkeypatch, lab_ns):
+    """Right in the launch, but hard-wired to 2 ranks: alone in a one-rank group (the
+    graded call here) it returns two values."""
+    source = _FILE.replace(_GATHER_BODY, (
+        "    mine = torch.tensor([float(local_s)], dtype=torch.float64)\n"
+        "    everyone = [torch.zeros_like(mine) for _ in range(2)]\n"
+        "    dist.all_gather(everyone[:dist.get_world_size()], mine)\n"))
+    ns = _live_ns(lab_ns, _student(tmp_path, monkeypatch, source))
+    _fails_on_a_hidden_case(LAB.judge(ns, "check_gather"))
+
+
+def test_gather_that_delegates_to_perflab_fails_naming_it(tmp_path, monkeypatch, lab_ns):
+    for source in (_FILE.replace(_GATHER_BODY, (
+            "    from perflab.labs.lab07 import reference_gather\n"
+            "    return reference_gather(local_s)\n")),
+            _FILE + "\nfrom perflab.labs.lab07 import reference_gather as all_gather_times\n"):
+        ns = _live_ns(lab_ns, _student(tmp_path, monkeypatch, source))
+        _fails_naming(LAB.judge(ns, "check_gather"), "reference_gather")
+
+
+def test_gather_and_live_checks_never_pass_on_empty_or_short_records(tmp_path, monkeypatch,
+                                                                     lab_ns):
+    student = _student(tmp_path, monkeypatch, _FILE)
+    empty_phase = {"name": "p", "compute_s": [], "gathered": [], "verdicts": []}
+    records = {
+        "two steps": _ranks(student, _own(steps=2)),
+        "one rank": _ranks(student, _own(world_size=1)),
+        "no steps": [{"rank": r, "fixed_gather": [0.1, 0.2], "phases": [empty_phase] * 2}
+                     for r in range(2)],
+        "no phases": [{"rank": r, "fixed_gather": [0.1, 0.2], "phases": []} for r in range(2)],
+        "no ranks": [],
+    }
+    for name, ranks in records.items():
+        for gid in ("check_gather", "check_detector_live"):
+            ns = dict(lab_ns, straggler_student=student, ranks=ranks)
+            verdict = LAB.judge(ns, gid)
+            assert not verdict.passed and verdict.message.startswith("hidden case"), (
+                name, gid, verdict)
+
+
+@pytest.mark.parametrize("name", ["k_always", "median_with_self", "any_step"])
+def test_wrong_detector_fails_the_live_check(name, tmp_path, monkeypatch, lab_ns):
+    student = _student(tmp_path, monkeypatch, WRONG_FILES[name][1])
+    own = _own(seed=5)
+    if name == "median_with_self":   # a 20 % straggler: the median of all ranks hides it
+        own = [[[t * (1.2 / 2.0 if p == 1 and r == 1 else 1.0) for t in steps]
+                for p, steps in enumerate(phases)] for r, phases in enumerate(own)]
+    if name == "any_step":           # no straggler, noise of +-15 %: a step or two look slow
+        rng = random.Random(2)
+        own = [[[0.02 * rng.uniform(0.85, 1.15) for _ in range(10)] for _ in range(2)]
+               for _ in range(2)]
+    _fails_on_a_hidden_case(LAB.judge(_live_ns(lab_ns, student, own=own), "check_detector_live"))
+
+
+def test_live_check_follows_this_run_s_times_not_the_injection(tmp_path, monkeypatch, lab_ns):
     """On a loaded machine the injected rank may not look slow: the reference rule then
-    answers [] on the gathered times, and a detector that says so passes."""
-    check = LAB.cells["check_detector_live"]
-    assert_judge_decides(check, _live([], [], gathered=_EVEN),
-                         [(_live([1], [1], gathered=_EVEN), False), (_live([], []), False)],
-                         name="check_detector_live")
+    answers [] on the gathered times, and a detector that says so passes; one hard-wired
+    to name the injected rank fails."""
+    even = [[[0.020, 0.021] * 5 for _ in range(2)], [[0.021, 0.020] * 5 for _ in range(2)]]
+    right = _student(tmp_path, monkeypatch, _FILE)
+    assert LAB.judge(_live_ns(lab_ns, right, own=even), "check_detector_live").passed
+    hard_wired = _student(tmp_path, monkeypatch, _FILE.replace(
+        "    return flagged\n", "    return [1]\n"))
+    _fails_on_a_hidden_case(LAB.judge(_live_ns(lab_ns, hard_wired, own=even),
+                                      "check_detector_live"))
 
 
 @slow
 def test_wrong_gather_on_two_ranks_fails_gather_and_live_checks(tmp_path, monkeypatch, lab_ns):
     """An all_reduce(SUM) where an all_gather belongs, run on 2 gloo ranks: every rank gets
     one number, so check_gather fails, and the detector (given no per-rank times) never
-    names the slow rank."""
+    names the slow rank; the reference file, run the same way, passes both."""
     from perflab.labs.lab07 import straggler_rank
     from perflab.distributed import launch_fn
 
-    wrong = _FILE.replace(_FILE[_FILE.index("    mine = torch.tensor([float(local_s)]"):
-                                _FILE.index("    return [float(t) for t in everyone]\n")], (
+    wrong = _FILE.replace(_GATHER_BODY, (
         "    everyone = torch.tensor([float(local_s)], dtype=torch.float64)\n"
         "    dist.all_reduce(everyone)\n"))
-    module = "s07_wrong_gather"
-    _student(tmp_path, monkeypatch, module, wrong)
     phases = [{"name": p, "steps": 3, "slow": s, "batch": "even"}
               for p, s in (("no straggler", {}), ("straggler", {1: 1.0}))]
-    ranks = launch_fn(straggler_rank, 2, args=(phases, module), device="cpu", timeout_s=300)
-    ns = dict(lab_ns, ranks=ranks, SLOW_RANK=1)
-    assert not LAB.judge(dict(ns), "check_gather").passed
-    assert not LAB.judge(dict(ns), "check_detector_live").passed
+    for source, passes in ((wrong, False), (_FILE, True)):
+        student = _student(tmp_path, monkeypatch, source)
+        ranks = launch_fn(straggler_rank, 2, args=(phases, student.__name__), device="cpu",
+                          timeout_s=300)
+        ns = dict(lab_ns, ranks=ranks, SLOW_RANK=1, straggler_student=student)
+        for gid in ("check_gather", "check_detector_live"):
+            verdict = LAB.judge(dict(ns), gid)
+            assert verdict.passed == passes, (source is wrong, gid, verdict.message)

@@ -1,108 +1,59 @@
-"""Lab 09's check cells: each judge passes the right facts and fails wrong ones (the
-``FACTS_09`` table, merged into tests/labs/test_grading_checks.py), and wrong *student code*
-(a ZeRO-1 that does not broadcast or does not shard, a state counter that counts elements
-or a DTensor's global size) run on 2 gloo ranks fails its check through the probe."""
+"""Lab 09's check cells, graded on hidden cases (:mod:`perflab.course.cases`): each runs
+here as grading runs it (the student's code in the "kernel", the judge apart, answers as
+JSON). The reference solution passes at several seeds, an honest variant written
+differently passes, and wrong *student code* fails on a hidden case: a state counter
+that counts elements, assumes 4 bytes or a DTensor's global size; a ZeRO-1 that does not
+broadcast or does not shard (also run on 2 gloo ranks); a bytes-per-step prediction
+that misses a collective or only fits this lab's model; top-k without error feedback.
+A counter that calls perflab's ``state_bytes`` fails naming it."""
 from __future__ import annotations
 
-import json
+import importlib
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 
 from tests.conftest import slow
-from tests.labs.labcheck import assert_judge_decides, grade_reference_and_wrong
-from perflab.course.checks import run_judge, split_check
+from tests.labs.labcheck import Lab, grade_reference_and_wrong
+from perflab.course.checks import split_check
 from perflab.distributed import launch_fn
 from perflab.models import mlp
 from perflab.labs.lab09 import sharding_rank, unsharded_adamw
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
+NB = Lab("09")
+#: Every check of the lab is graded on hidden cases now: no facts table is left (the name
+#: stays for tests/labs/test_grading_checks.py, which merges it).
+FACTS_09: dict = {}
+GRADED_TESTED = ("check_state_bytes", "check_zero1", "check_predict_bytes",
+                 "check_error_feedback")
+SEEDS = [0, 1, "grade:ada"]
 
 _REF = unsharded_adamw([32] * 9, 2, 8, 6, lr=1e-2, weight_decay=0.01)
-_FULL = 2 * 4 * 8448 + 4 * 16
-_ZERO1 = {"params": [_REF, _REF], "opt_bytes": [_FULL // 2 - 16, _FULL // 2 + 16],
-          "full_opt_bytes": _FULL, "largest_state_bytes": 2 * 4 * 1024 + 4}
-_COUNTS = {"adamw": 2 * 212 * 4 + 16, "sgd": 212 * 4, "amsgrad": 3 * 212 * 4 + 16}
-_RANKS = [["ddp", 0, 67648, 67648], ["fsdp2", 1, 33856, 33856]]
-_P = 33792
-_KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+_FULL = 2 * 4 * 8448 + 4 * 16          # fp32 AdamW state of 8 x Linear(32, 32)
 
 
-def _per_step(n):
-    return {"ddp": {"all_reduce": n}, "ddp_fp16": {"all_reduce": n / 2},
-            "zero1": {"all_reduce": n, "broadcast": n},
-            "zero_redundancy": {"all_reduce": n, "broadcast": n},
-            "fsdp2": {"all_gather": 2 * n, "reduce_scatter": n}}
+def _fails_on_a_hidden_case(verdict) -> None:
+    assert not verdict.passed and verdict.message.startswith("hidden case"), verdict
 
 
-def _counted(n):
-    return {m: {**{k: float(d.get(k, 0)) for k in _KINDS}, "total": float(sum(d.values()))}
-            for m, d in _per_step(n).items()}
+def test_every_check_of_the_lab_is_graded_and_tested():
+    checks = {g for g in NB.cells if g and g.startswith("check_")}
+    assert checks == set(GRADED_TESTED)
+    for gid in checks:
+        assert split_check(NB.cells[gid]).graded is not None, gid
 
 
-def _ef(feedback=True):
-    gen = torch.Generator().manual_seed(9)
-    grads = [torch.randn(16, generator=gen) for _ in range(5)]
-    residual, sent = torch.zeros(16), []
-    for g in grads:
-        acc = g + residual if feedback else g
-        out = torch.zeros(16)
-        idx = acc.abs().topk(4).indices
-        out[idx] = acc[idx]
-        residual = acc - out if feedback else residual + (acc - out)
-        sent.append(out)
-    return {"grads": [g.tolist() for g in grads], "sent": [s.tolist() for s in sent],
-            "residual": (residual if feedback else torch.zeros(16)).tolist()}
+def test_no_judge_reads_a_clock_or_launches():
+    for gid in GRADED_TESTED:
+        judge = split_check(NB.cells[gid]).graded.grader_source
+        for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_"):
+            assert word not in judge, (gid, word)
 
 
-_stale = list(_REF)
-_stale[:512] = [v + 1e-3 for v in _stale[:512]]  # rank 1 never received rank 0's params
-
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)])
-FACTS_09 = {
-    ("09", "check_state_bytes"): (
-        {"local_counts": _COUNTS, "on_ranks": _RANKS},
-        [({"local_counts": {k: v // 4 for k, v in _COUNTS.items()}, "on_ranks": _RANKS}, False),
-         ({"local_counts": {**_COUNTS, "adamw": _COUNTS["adamw"] - 16}, "on_ranks": _RANKS}, False),
-         ({"local_counts": _COUNTS, "on_ranks": [["fsdp2", 1, 67648, 33856]]}, False),
-         ({"local_counts": {**_COUNTS, "amsgrad": _COUNTS["adamw"]}, "on_ranks": _RANKS}, True)]),
-    ("09", "check_zero1"): (
-        {"zero1_facts": _ZERO1},
-        [({"zero1_facts": {**_ZERO1, "params": [_REF, _stale]}}, False),
-         ({"zero1_facts": {**_ZERO1, "opt_bytes": [_FULL, _FULL]}}, False),
-         ({"zero1_facts": {**_ZERO1, "opt_bytes": [_FULL, 0]}}, False),
-         ({"zero1_facts": {**_ZERO1, "params": [_REF[:-1], _REF[:-1]]}}, False)]),
-    ("09", "check_predict_bytes"): (
-        {"P": _P, "counted": _counted(_P), "mine": _per_step(_P), "other": _per_step(4_000_000)},
-        [({"P": _P, "counted": _counted(_P),
-           "mine": {**_per_step(_P), "fsdp2": {"all_gather": _P, "reduce_scatter": _P}},
-           "other": _per_step(4_000_000)}, False),
-         ({"P": _P, "counted": _counted(_P),
-           "mine": {**_per_step(_P), "zero1": {"all_reduce": _P}}, "other": _per_step(4_000_000)},
-          False),
-         ({"P": _P, "counted": _counted(_P), "mine": _per_step(_P), "other": _per_step(_P)}, True)]),
-    ("09", "check_error_feedback"): (
-        {"ef": _ef()}, [({"ef": _ef(feedback=False)}, False),
-                        ({"ef": {**_ef(), "residual": [0.0] * 16}}, False)]),
-}
-
-
-def _cell(gid: str) -> str:
-    nb = nbformat.read(str(LAB), as_version=4)
-    (src,) = [c.source for c in nb.cells
-              if c.metadata.get("nbgrader", {}).get("grade_id") == gid]
-    return src
-
-
-@pytest.mark.parametrize("key", sorted(FACTS_09), ids=lambda k: f"{k[0]}-{k[1]}")
-def test_lab09_judges(key):
-    assert_judge_decides(_cell(key[1]), *FACTS_09[key], name=key[1])
-
-
-# -- wrong student code, run on ranks, judged through the lab's own probe ----------------------
+# -- the student's file, as modules ---------------------------------------------------------------
 _GOOD_COUNTER = '''
 def my_state_bytes(optimizer):
     total = 0
@@ -138,9 +89,257 @@ class MyZero1:
 '''
 _BROADCAST = ("        for p, r in zip(self.params, self.owner):\n"
               "            dist.broadcast(p.data, src=r)\n")
+_GOOD_ZERO1 = _ZERO1_INIT.format(mine="mine", broadcast=_BROADCAST)
 
-_ROUND_ROBIN = _ZERO1_INIT.format(mine="mine", broadcast=_BROADCAST).replace(
-    "self.owner[i] = load.index(min(load))", "self.owner[i] = i % ws")
+_modules = iter(range(10**6))
+
+
+def _module(tmp_path, monkeypatch, counter: str = _GOOD_COUNTER, zero1: str = _GOOD_ZERO1):
+    name = f"zero1_t{next(_modules)}"
+    (tmp_path / f"{name}.py").write_text(_HEAD + counter + zero1)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+def _small2(held=(_FULL // 2 - 16, _FULL // 2 + 16), params=(_REF, _REF), counted=None):
+    """What the launch's sharding task returns, per rank (the fields the checks read):
+    DDP and FSDP2's state as measured on 2 ranks, ZeRO-1's ``held`` bytes and ``params``;
+    ``counted`` (method -> per-rank) overrides the student's own counts."""
+    out = []
+    for rank in range(len(held)):
+        state = {"ddp": _FULL, "zero1": held[rank], "fsdp2": _FULL // 2 + 32}
+        out.append({m: {"state": {"optimizer_bytes": b},
+                        "student_optimizer_bytes": (counted or {}).get(m, [b] * 2)[rank],
+                        "params": params[rank] if m == "zero1" else list(_REF),
+                        "largest_param_bytes": 4 * 1024}
+                    for m, b in state.items()})
+    return out
+
+
+def _ns(module=None, **kw) -> dict:
+    return {"__name__": "__main__", "torch": torch, "mlp": mlp, "small2": _small2(**kw),
+            "zero1_student": module, "STEPS": 6, "WORLD_SIZE": 2}
+
+
+# -- check_state_bytes ------------------------------------------------------------------------------
+WRONG_COUNTERS = {
+    "counts elements": _GOOD_COUNTER.replace(" * value.element_size()", ""),
+    "assumes 4 bytes": _GOOD_COUNTER.replace("value.element_size()", "4"),
+    "skips the step tensors": _GOOD_COUNTER.replace("if torch.is_tensor(value):",
+                                                    "if torch.is_tensor(value) and value.dim():"),
+    # written for the examples: AdamW (two fp32 buffers and a step) or SGD (one buffer)
+    "examples only": '''
+def my_state_bytes(optimizer):
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if isinstance(optimizer, torch.optim.SGD):
+        return sum(4 * p.numel() for p in params)
+    return sum(8 * p.numel() + 4 for p in params)
+''',
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_state_bytes_reference_passes(seed, tmp_path, monkeypatch):
+    verdict = NB.judge(_ns(_module(tmp_path, monkeypatch)), "check_state_bytes", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_state_bytes_honest_variant_passes(tmp_path, monkeypatch):
+    honest = '''
+def my_state_bytes(optimizer):
+    seen = 0
+    for per_param in optimizer.state.values():
+        for t in per_param.values():
+            if isinstance(t, torch.Tensor):
+                local = t.to_local() if isinstance(t, DTensor) else t
+                seen += local.nelement() * local.element_size()
+    return int(seen)
+'''
+    for seed in (4, "grade:bo"):
+        verdict = NB.judge(_ns(_module(tmp_path, monkeypatch, honest)), "check_state_bytes", seed=seed)
+        assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_COUNTERS))
+def test_wrong_state_counter_fails(name, tmp_path, monkeypatch):
+    assert WRONG_COUNTERS[name] != _GOOD_COUNTER
+    module = _module(tmp_path, monkeypatch, WRONG_COUNTERS[name])
+    if name == "examples only":   # it passes the self-check (the launch's rows are its own)
+        NB.run_code(_ns(module), split_check(NB.cells["check_state_bytes"]).probe)
+    _fails_on_a_hidden_case(NB.judge(_ns(module), "check_state_bytes"))
+
+
+def test_state_counter_wrong_on_the_ranks_fails(tmp_path, monkeypatch):
+    """Right on plain tensors, but on rank 1 it counted FSDP2's global DTensor size."""
+    ns = _ns(_module(tmp_path, monkeypatch), counted={"fsdp2": [_FULL // 2 + 32, _FULL + 64]})
+    _fails_on_a_hidden_case(NB.judge(ns, "check_state_bytes"))
+    ns = _ns(_module(tmp_path, monkeypatch), held=(_FULL,))   # one rank's records only
+    _fails_on_a_hidden_case(NB.judge(ns, "check_state_bytes"))
+
+
+@pytest.mark.parametrize("helper", ["state_bytes", "local_nbytes"])
+def test_state_counter_that_delegates_fails_naming_it(helper, tmp_path, monkeypatch):
+    counter = {
+        "state_bytes": '''
+def my_state_bytes(optimizer):
+    from perflab.analysis.sharding import state_bytes
+    return state_bytes(torch.nn.Linear(1, 1), optimizer)["optimizer_bytes"]
+''',
+        "local_nbytes": '''
+def my_state_bytes(optimizer):
+    from perflab.analysis.sharding import local_nbytes
+    return sum(local_nbytes(v) for s in optimizer.state.values() for v in s.values())
+'''}[helper]
+    verdict = NB.judge(_ns(_module(tmp_path, monkeypatch, counter)), "check_state_bytes")
+    assert not verdict.passed and helper in verdict.message, verdict
+
+
+# -- check_zero1 (the launch's records; real wrong optimizers run in the slow test below) ---------
+_stale = list(_REF)
+_stale[:512] = [v + 1e-3 for v in _stale[:512]]  # rank 1 never received rank 0's params
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_zero1_reference_records_pass(seed):
+    verdict = NB.judge(_ns(), "check_zero1", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_zero1_other_balanced_split_passes():
+    verdict = NB.judge(_ns(held=(_FULL // 2 - 4000, _FULL // 2 + 4000)), "check_zero1")
+    assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("no broadcast", {"params": (_REF, _stale)}),
+    ("not sharded", {"held": (_FULL, _FULL)}),
+    ("one rank holds it all", {"held": (_FULL, 0)}),
+    ("unbalanced", {"held": (_FULL // 2 - 9000, _FULL // 2 + 9000)}),
+    ("a parameter missing", {"params": (_REF[:-1], _REF[:-1])}),
+    ("no parameters", {"params": (None, None)}),
+    ("one rank", {"held": (_FULL,), "params": (_REF,)}),
+])
+def test_zero1_wrong_records_fail(name, kw):
+    _fails_on_a_hidden_case(NB.judge(_ns(**kw), "check_zero1"))
+
+
+# -- check_predict_bytes ----------------------------------------------------------------------------
+WRONG_PREDICTIONS = {
+    "fsdp2 gathers once": "fsdp2': {'all_gather': P, 'reduce_scatter': P}",
+    "zero1 without its broadcast": "zero1': {'all_reduce': P}",
+    "fp16 not halved": "ddp_fp16': {'all_reduce': P}",
+    "this lab's model only": "ddp': {'all_reduce': 33792}",
+}
+_PREDICT = ("def predict_step_bytes(param_bytes, method):\n"
+            "    P = param_bytes\n"
+            "    return {'ddp': {'all_reduce': P}, 'ddp_fp16': {'all_reduce': P / 2},\n"
+            "            'zero1': {'all_reduce': P, 'broadcast': P},\n"
+            "            'zero_redundancy': {'all_reduce': P, 'broadcast': P},\n"
+            "            'fsdp2': {'all_gather': 2 * P, 'reduce_scatter': P}}[method]\n")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_predict_bytes_reference_passes(seed):
+    scope = _ns()
+    NB.run_code(scope, NB.solution("predict_bytes"))
+    verdict = NB.judge(scope, "check_predict_bytes", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_predict_bytes_honest_variant_passes():
+    honest = ("def predict_step_bytes(param_bytes, method):\n"
+              "    times = {'ddp': [('all_reduce', 1)], 'ddp_fp16': [('all_reduce', 0.5)],\n"
+              "             'zero1': [('all_reduce', 1), ('broadcast', 1)],\n"
+              "             'zero_redundancy': [('all_reduce', 1), ('broadcast', 1)],\n"
+              "             'fsdp2': [('all_gather', 2), ('reduce_scatter', 1)]}[method]\n"
+              "    out = dict.fromkeys(['all_reduce', 'broadcast', 'all_gather', 'reduce_scatter'], 0)\n"
+              "    out.update({kind: x * param_bytes for kind, x in times})\n"
+              "    return out\n")
+    assert NB.verdict(_ns(), honest, "check_predict_bytes").passed
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_PREDICTIONS))
+def test_wrong_prediction_fails(name):
+    key = WRONG_PREDICTIONS[name].split("'")[0]
+    start = _PREDICT.index(key + "': {")
+    end = _PREDICT.index("}", start) + 1
+    wrong = _PREDICT[:start] + WRONG_PREDICTIONS[name] + _PREDICT[end:]
+    assert wrong != _PREDICT
+    _fails_on_a_hidden_case(NB.verdict(_ns(), wrong, "check_predict_bytes"))
+
+
+def test_prediction_that_is_not_a_dict_fails():
+    wrong = "def predict_step_bytes(param_bytes, method):\n    return 2.0 * param_bytes\n"
+    _fails_on_a_hidden_case(NB.verdict(_ns(), wrong, "check_predict_bytes"))
+
+
+# -- check_error_feedback ----------------------------------------------------------------------------
+_EF = NB.cells["error_feedback"]
+WRONG_EF = {
+    # no error feedback: what is not sent is lost
+    "no feedback": _EF.replace("acc = g + residual ", "acc = g "),
+    # the residual is never carried
+    "residual dropped": _EF.replace("residual = acc - out ", "residual = residual * 0 "),
+    # the k largest values, not the k largest magnitudes
+    "largest values": _EF.replace("acc.abs().topk(k)", "acc.topk(k)"),
+    # one entry short
+    "k - 1 entries": _EF.replace("acc.abs().topk(k)", "acc.abs().topk(k - 1)"),
+    # chooses on the raw gradient, sends gradient + residual there
+    "chooses on the gradient": _EF.replace("idx = acc.abs().topk(k).indices",
+                                           "idx = g.abs().topk(k).indices"),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_error_feedback_reference_passes(seed):
+    scope = _ns()
+    NB.run_code(scope, _EF)
+    NB.run_code(dict(scope), split_check(NB.cells["check_error_feedback"]).probe)  # self-check
+    verdict = NB.judge(scope, "check_error_feedback", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_error_feedback_honest_variant_passes():
+    honest = ("def topk_with_error_feedback(grads, k):\n"
+              "    carry, out = None, []\n"
+              "    for g in grads:\n"
+              "        total = g.clone() if carry is None else g + carry\n"
+              "        order = torch.argsort(total.abs(), descending=True)\n"
+              "        mask = torch.zeros(total.shape, dtype=torch.bool)\n"
+              "        mask[order[:k]] = True\n"
+              "        out.append(torch.where(mask, total, torch.zeros_like(total)))\n"
+              "        carry = torch.where(mask, torch.zeros_like(total), total)\n"
+              "    return out, carry\n")
+    for seed in (2, "grade:bo"):
+        scope = _ns()
+        NB.run_code(scope, honest)
+        assert NB.judge(scope, "check_error_feedback", seed=seed).passed
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_EF))
+def test_wrong_error_feedback_fails(name):
+    assert WRONG_EF[name] != _EF, name
+    _fails_on_a_hidden_case(NB.verdict(_ns(), WRONG_EF[name], "check_error_feedback"))
+
+
+def test_error_feedback_written_for_the_example_fails():
+    wrong = _EF.replace("    residual = torch.zeros_like(grads[0])\n", (
+        "    if len(grads) == 2 and grads[0].tolist() == [3.0, -1.0, 0.5]:\n"
+        "        return ([torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0])],\n"
+        "                torch.tensor([0.0, 0.0, 0.25]))\n"
+        "    residual = torch.zeros_like(grads[0])\n")).replace("acc = g + residual ", "acc = g ")
+    assert "grads[0].tolist()" in wrong and "acc = g  " in wrong
+    scope = _ns()
+    NB.run_code(scope, wrong)
+    probe = split_check(NB.cells["check_error_feedback"]).probe
+    with pytest.raises(AssertionError):   # the invariant part of the self-check catches it
+        NB.run_code(dict(scope), probe)
+    _fails_on_a_hidden_case(NB.judge(scope, "check_error_feedback"))
+
+
+# -- wrong student code, run on ranks, judged as grading judges it -------------------------------------
+_ROUND_ROBIN = _GOOD_ZERO1.replace("self.owner[i] = load.index(min(load))", "self.owner[i] = i % ws")
 
 WRONG = {
     # round-robin by tensor index puts every weight on rank 0 and every bias on rank 1
@@ -152,38 +351,27 @@ WRONG = {
     "unsharded": (_ZERO1_INIT.format(mine="self.params", broadcast=""), _GOOD_COUNTER,
                   {"check_zero1"}),
     # counts elements, not bytes
-    "numel_counter": (_ZERO1_INIT.format(mine="mine", broadcast=_BROADCAST),
-                      _GOOD_COUNTER.replace(" * value.element_size()", ""),
+    "numel_counter": (_GOOD_ZERO1, _GOOD_COUNTER.replace(" * value.element_size()", ""),
                       {"check_state_bytes"}),
     # a DTensor's global size (numel of the DTensor itself) instead of the local shard
-    "global_dtensor": (_ZERO1_INIT.format(mine="mine", broadcast=_BROADCAST),
-                       _GOOD_COUNTER.replace("value = value.to_local()", "pass"),
+    "global_dtensor": (_GOOD_ZERO1, _GOOD_COUNTER.replace("value = value.to_local()", "pass"),
                        {"check_state_bytes"}),
 }
-
-
-def _judge_with_probe(gid: str, namespace: dict) -> bool:
-    check = split_check(_cell(gid))
-    exec(check.probe, namespace)  # noqa: S102 - the lab's own probe, on test data
-    facts = json.loads(json.dumps({n: namespace[n] for n in check.names if n in namespace}))
-    return run_judge(check, facts, name=gid).passed
 
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG))
 def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch):
-    import importlib
-
     zero1, counter, failing = WRONG[name]
-    module = f"zero1_wrong_{name}"
-    (tmp_path / f"{module}.py").write_text(_HEAD + counter + zero1)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    student = _module(tmp_path, monkeypatch, counter, zero1)
     ranks = launch_fn(sharding_rank, 2, device="cpu", timeout_s=300,
-                      args=(["ddp", "zero1", "fsdp2"], [32] * 9, 8, 6, module))
-    student = importlib.import_module(module)
+                      args=(["ddp", "zero1", "fsdp2"], [32] * 9, 8, 6, student.__name__))
     for gid in ("check_state_bytes", "check_zero1"):
         ns = {"small2": ranks, "zero1_student": student, "mlp": mlp, "torch": torch}
-        assert _judge_with_probe(gid, ns) == (gid not in failing), (name, gid)
+        verdict = NB.judge(ns, gid)
+        assert verdict.passed == (gid not in failing), (name, gid, verdict.message)
+        if not verdict.passed:
+            assert verdict.message.startswith("hidden case"), verdict.message
 
 
 @slow

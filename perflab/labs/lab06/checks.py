@@ -202,45 +202,39 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     def counting_init(self, *a, **k):
         built.append(1)
         real_init(self, *a, **k)
-    DDP.__init__ = counting_init
-    inner = mlp(sizes, seed)
+    DDP.__init__ = counting_init  # counted while MyDDP is built and trained
+    inner, wrapper = mlp(sizes, seed), None
     try:
         wrapper = student.MyDDP(inner, bucket_cap_mb=bucket_cap_mb)
     except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
         out["errors"]["bucketed"] = f"{type(e).__name__}: {e}"
-        wrapper = None
+        out["bucketed"] = {"grads": [], "params": [], "losses": [], "calls": []}
+    try:
+        if wrapper is not None:
+            def bucketed(x, y):
+                loss = loss_fn(wrapper(x), y)
+                loss.backward()
+                wrapper.finish_gradient_sync()
+                return loss
+            run("bucketed", inner, bucketed)
+            index = {p.data_ptr(): i for i, p in enumerate(inner.parameters())}
+            out["student_buckets"] = [[index.get(p.data_ptr(), -1) for p in b]
+                                      for b in getattr(wrapper, "buckets", [])]
     finally:
         DDP.__init__ = real_init
-    if wrapper is None:
-        out["bucketed"] = {"grads": [], "params": [], "losses": [], "calls": []}
-    else:
-        out["wraps_ddp"] = bool(built) or any(isinstance(m, DDP) for m in
-                                              getattr(wrapper, "modules", lambda: [])())
-
-        def bucketed(x, y):
-            loss = loss_fn(wrapper(x), y)
-            loss.backward()
-            wrapper.finish_gradient_sync()
-            return loss
-        run("bucketed", inner, bucketed)
-        index = {p.data_ptr(): i for i, p in enumerate(inner.parameters())}
-        out["student_buckets"] = [[index.get(p.data_ptr(), -1) for p in b]
-                                  for b in getattr(wrapper, "buckets", [])]
+    out["wraps_ddp"] = bool(built) or any(isinstance(m, DDP) for m in
+                                          getattr(wrapper, "modules", lambda: [])())
     out["numels"] = [p.numel() for p in inner.parameters()]
 
-    torch_hook, delegated = default_hooks.fp16_compress_hook, []
-
-    def spied_hook(state, bucket):  # torch's own hook, counted while the student's runs
-        delegated.append(1)
-        return torch_hook(state, bucket)
+    torch_hook = default_hooks.fp16_compress_hook
     for name, hook in (("fp16", student.my_fp16_hook), ("torch_fp16", torch_hook)):
         ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
         ddp.register_comm_hook(None, hook)
-        default_hooks.fp16_compress_hook = spied_hook if name == "fp16" else torch_hook
-        try:
+        if name == "fp16":  # torch's hook reached while the student's runs, however named
+            with _calls_to(torch_hook) as delegated:
+                run(name, ddp.module, _ddp_step(ddp, loss_fn))
+        else:
             run(name, ddp.module, _ddp_step(ddp, loss_fn))
-        finally:
-            default_hooks.fp16_compress_hook = torch_hook
     out["fp16_delegates"] = student.my_fp16_hook is torch_hook or bool(delegated)
 
     ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
@@ -257,6 +251,26 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     out["ddp_bucket_index"] = [i for i, _ in last]
     out["ddp_buckets"] = [[index[ptr] for ptr in ptrs] for _, ptrs in last]
     return out
+
+
+@contextmanager
+def _calls_to(fn: Any) -> Iterator[list[int]]:
+    """Count the calls of ``fn``'s code made in this thread inside the block (one list
+    entry each), whatever name reached it: an alias, an import, a wrapper
+    (``sys.setprofile``). DDP calls a CPU model's comm hooks in backward, on the thread
+    that runs it."""
+    import sys
+
+    code, hits, old = fn.__code__, [], sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            hits.append(1)
+    sys.setprofile(profile)
+    try:
+        yield hits
+    finally:
+        sys.setprofile(old)
 
 
 def _ddp_step(ddp, loss_fn):

@@ -203,13 +203,18 @@ def measure_rank(student_module: str, sizes: Sequence[int], batch: int,
             "hooks": _hooked_losses(student, hook_sizes, 16, hook_steps)}
 
 
-def lab06_rank(student_module: str, check_args: Sequence[Any], measure_args: Sequence[Any]
-               ) -> dict[str, Any]:
+def lab06_rank(student_module: str, check_args: Sequence[Any], measure_args: Sequence[Any],
+               more_checks: Sequence[Sequence[Any]] = ()) -> dict[str, Any]:
     """Rank body of Lab 06's one launch (process start-up costs seconds, so it happens
     once): ``{"check": compare_rank(student_module, *check_args), "measure":
     measure_rank(student_module, *measure_args)}``. See :func:`perflab.labs.lab06.checks.compare_rank`
-    and :func:`measure_rank`."""
+    and :func:`measure_rank`.
+
+    ``more_checks``: more :func:`~perflab.labs.lab06.checks.compare_rank` argument tuples
+    (other models and bucket caps), run in the same launch; their results come back as
+    ``"more_checks": [compare_rank(student_module, *args), ...]``, in order."""
     return {"check": compare_rank(student_module, *check_args),
+            "more_checks": [compare_rank(student_module, *args) for args in more_checks],
             "measure": measure_rank(student_module, *measure_args)}
 
 
