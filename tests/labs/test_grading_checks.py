@@ -19,20 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 INF = math.inf
 
 
-_KNOBS = {"storage_latency_ms": 5.0, "compute_only": False, "model": "resnet18",
-          "image_size": 64, "batch_size": 32, "amp": "off", "device": "cpu", "dataset": "d",
-          "seed": 0, "decoded_cache": "off", "device_prefetch": False, "num_workers": 0}
-
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]) for the
-#: checks of labs without their own test file; the labs' own files judge theirs.
-FACTS = {
-    ("02", "check_fixed_pipeline"): (
-        {"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "device_prefetch": True}, "slow_knobs": _KNOBS},
-        [({"fixed_knobs": {**_KNOBS, "device_prefetch": True}, "slow_knobs": _KNOBS}, False),
-         ({"fixed_knobs": {**_KNOBS, "decoded_cache": "memory", "storage_latency_ms": 0},
-           "slow_knobs": _KNOBS}, False),
-         ({"fixed_knobs": None, "slow_knobs": _KNOBS}, False)]),
-}
+#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]) for
+#: checks still in the probe / judge format; the labs' own files judge theirs.
+FACTS: dict = {}
 OWN_FACTS = dict(FACTS)
 from tests.labs.test_lab09_checks import FACTS_09  # noqa: E402 - Lab 09's facts live beside its code tests
 

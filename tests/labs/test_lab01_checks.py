@@ -1,6 +1,9 @@
-"""Lab 01's checks on real wrong answers: each wrong student function below runs through
-the check cell's own probe (as in grading), and the judge must fail it; the reference
-solution passes. Delegating to perflab's helpers fails too."""
+"""Lab 01's graded checks on real wrong answers: each check runs as grading runs it (the
+student's function on hidden cases drawn from a seed, in this process as in the kernel;
+the judge apart, on the answers as JSON). The reference solution passes at several
+seeds, an honest variant written differently passes, every wrong answer below fails on
+a hidden case (written-for-the-examples ones included), and delegating to perflab's
+helper fails naming it."""
 from __future__ import annotations
 
 import pytest
@@ -49,6 +52,19 @@ def my_time_step(fn, *, warmup=3, repeats=10, sync=lambda: None, clock=time.perf
     "delegates to perflab.measure": '''
 def my_time_step(fn, *, warmup=3, repeats=10, sync=lambda: None, clock=time.perf_counter):
     return list(perflab.measure(fn, warmup=warmup, repeats=repeats).times_s)''',
+    "the example's samples": '''
+def my_time_step(fn, *, warmup=3, repeats=10, sync=lambda: None, clock=time.perf_counter):
+    for _ in range(warmup + repeats):
+        sync(); fn(); sync()
+    return [0.0051] * repeats''',
+    "one sample repeated": '''
+def my_time_step(fn, *, warmup=3, repeats=10, sync=lambda: None, clock=time.perf_counter):
+    for _ in range(warmup):
+        fn()
+    sync(); t = clock(); fn(); sync(); first = clock() - t
+    for _ in range(repeats - 1):
+        sync(); fn(); sync()
+    return [first] * repeats''',
 }
 
 WRONG_PHASES = {
@@ -88,6 +104,17 @@ def my_timed_step(timer, batches, model, optimizer):
         loss.backward()
     optimizer.step()
     optimizer.zero_grad()''',
+    "optimizer step inside backward": '''
+def my_timed_step(timer, batches, model, optimizer):
+    with timer.phase("data"):
+        x, y = next(batches)
+    with timer.phase("forward"):
+        loss = F.cross_entropy(model(x), y)
+    with timer.phase("backward"):
+        loss.backward()
+        optimizer.step()
+    with timer.phase("optimizer"):
+        optimizer.zero_grad()''',
 }
 
 _BODY = '''
@@ -138,6 +165,22 @@ def my_profile_steps(model, optimizer, batches, trace_path, *, wait=1, warmup=1,
         for _ in range(wait + warmup + active):''' + _BODY + '''
             prof.step()
     return prof''',
+    "the example's schedule (1, 1, 2)": '''
+def my_profile_steps(model, optimizer, batches, trace_path, *, wait=1, warmup=1, active=3):
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=1, warmup=1, active=2, repeat=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(trace_path)) as prof:
+        for _ in range(wait + warmup + active):''' + _BODY + '''
+            prof.step()
+    return prof''',
+    "returns the trace path": '''
+def my_profile_steps(model, optimizer, batches, trace_path, *, wait=1, warmup=1, active=3):
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(trace_path)) as prof:
+        for _ in range(wait + warmup + active):''' + _BODY + '''
+            prof.step()
+    return trace_path''',
     "delegates to perflab.profile": '''
 def my_profile_steps(model, optimizer, batches, trace_path, *, wait=1, warmup=1, active=3):
     return perflab.profile(RunConfig.preset("tiny"), wait=wait, warmup=warmup, active=active,
@@ -165,6 +208,14 @@ def my_top_ops(prof, n=10):
 def my_top_ops(prof, n=10):
     top = perflab.profile(RunConfig.preset("tiny"), progress=False).top_ops
     return list(top[["name", "self_cpu_ms"]].itertuples(index=False, name=None))[:n]''',
+    "always three rows": '''
+def my_top_ops(prof, n=10):
+    ops = [(e.key, e.self_cpu_time_total / 1e3) for e in prof.key_averages() if e.key.startswith("aten::")]
+    return sorted(ops, key=lambda kv: kv[1], reverse=True)[:3]''',
+    "ranked by calls": '''
+def my_top_ops(prof, n=10):
+    ops = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    return [(e.key, e.self_cpu_time_total / 1e3) for e in sorted(ops, key=lambda e: -e.count)][:n]''',
 }
 
 WRONG_LOOPS = {
@@ -201,6 +252,17 @@ def my_loop(model, optimizer, batches):
         total = total + loss.detach(); steps += 1
         hits = (logits.argmax(1) == y).sum()
     return float(total) / steps, hits.item() / len(y)''',
+    "the loss of the last step": '''
+def my_loop(model, optimizer, batches):
+    correct, seen = None, 0
+    for x, y in batches:
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward(); optimizer.step(); optimizer.zero_grad()
+        hits = (logits.argmax(1) == y).sum()
+        correct = hits if correct is None else correct + hits
+        seen += len(y)
+    return loss.item(), correct.item() / seen''',
 }
 
 _SLOWEST = '''
@@ -230,9 +292,10 @@ def my_cprofile(dataset, n):
         dataset[i]
     prof.disable()
     return prof''' + _SLOWEST,
-    "delegates to perflab.cprofile_loader": '''
+    "delegates to perflab's cprofile_loader": '''
 def my_cprofile(dataset, n):
-    return perflab.cprofile_loader(RunConfig.preset("tiny"), batches=1)''' + _SLOWEST,
+    from perflab.analysis.profiling import cprofile_loader
+    return cprofile_loader(RunConfig.preset("tiny"), batches=1)''' + _SLOWEST,
     "most hits, not most time": '''
 def my_cprofile(dataset, n):
     prof = cProfile.Profile()
@@ -249,6 +312,113 @@ def my_slowest_line(dataset, n):
     (entries,) = [e for (_, _, name), e in stats.timings.items() if name.endswith("__getitem__")]
     lineno, _, ticks = entries[-1]
     return lineno, ticks * stats.unit''',
+    "the example's line": '''
+def my_cprofile(dataset, n):
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        dataset[i]
+    prof.disable()
+    return pstats.Stats(prof)
+def my_slowest_line(dataset, n):
+    for i in range(n):
+        dataset[i]
+    return type(dataset).__getitem__.__code__.co_firstlineno + 2, 0.003 * n''',
+    "milliseconds, not seconds": '''
+def my_cprofile(dataset, n):
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        dataset[i]
+    prof.disable()
+    return pstats.Stats(prof)''' + _SLOWEST.replace("ticks * stats.unit", "ticks * stats.unit / 1e3"),
+}
+
+#: One honest answer per exercise, written differently from the reference: it passes.
+HONEST = {
+    "my_step_timer": ("one clock read per boundary", '''
+def my_time_step(fn, *, warmup=3, repeats=10, sync=lambda: None, clock=time.perf_counter):
+    for _ in range(warmup):
+        fn()
+    sync()
+    marks = [clock()]
+    for _ in range(repeats):
+        fn()
+        sync()
+        marks.append(clock())
+    return [b - a for a, b in zip(marks, marks[1:])]'''),
+    "my_phase_timer": ("logits first, zero_grad by default", '''
+def my_timed_step(timer, batches, model, optimizer):
+    with timer.phase("data"):
+        batch = next(batches)
+    with timer.phase("forward"):
+        logits = model(batch[0])
+        loss = torch.nn.functional.cross_entropy(logits, batch[1])
+    with timer.phase("backward"):
+        loss.backward()
+    with timer.phase("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad()'''),
+    "my_profiler_session": ("start/stop and a named handler, CPU only", '''
+def my_profile_steps(model, optimizer, batches, trace_path, *, wait=1, warmup=1, active=3):
+    def handler(p):
+        p.export_chrome_trace(trace_path)
+    plan = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    prof = torch.profiler.profile(activities=[ProfilerActivity.CPU], schedule=plan,
+                                  on_trace_ready=handler)
+    prof.start()
+    for _ in range(wait + warmup + active):
+        with record_function("data"):
+            x, y = next(batches)
+        with record_function("forward"):
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad()
+        prof.step()
+    prof.stop()
+    return prof'''),
+    "my_top_ops": ("heapq.nlargest", '''
+def my_top_ops(prof, n=10):
+    import heapq
+    rows = {e.key: e.self_cpu_time_total for e in prof.key_averages() if e.key[:6] == "aten::"}
+    return [(k, us * 1e-3) for k, us in heapq.nlargest(n, rows.items(), key=lambda kv: kv[1])]'''),
+    "my_no_sync_loop": ("one sync: both totals stacked", '''
+def my_loop(model, optimizer, batches):
+    losses, hits, seen = [], [], 0
+    for x, y in batches:
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        hits.append((logits.argmax(dim=1) == y).sum())
+        seen += len(y)
+    mean_loss, correct = torch.stack([torch.stack(losses).mean(),
+                                      torch.stack(hits).sum().float()]).tolist()
+    return float(mean_loss), correct / seen'''),
+    "my_pipeline_profile": ("context managers", '''
+def my_cprofile(dataset, n):
+    with cProfile.Profile() as prof:
+        for i in range(n):
+            dataset[i]
+    return pstats.Stats(prof)
+
+def my_slowest_line(dataset, n):
+    lp = line_profiler.LineProfiler()
+    lp.add_function(type(dataset).__getitem__)
+    with lp:
+        for i in range(n):
+            dataset[i]
+    stats = lp.get_stats()
+    rows = [r for (_, _, fn), entries in stats.timings.items() if fn.endswith("__getitem__")
+            for r in entries]
+    best = max(rows, key=lambda r: r[2])
+    return best[0], best[2] * stats.unit'''),
 }
 
 CASES = [("my_step_timer", "check_step_timer", WRONG_TIMERS),
@@ -262,13 +432,29 @@ CASES = [("my_step_timer", "check_step_timer", WRONG_TIMERS),
 CHECKS_TESTED = [c for _, c, _ in CASES]
 
 
-@pytest.mark.parametrize("answer, check", [(a, c) for a, c, _ in CASES])
-def test_reference_answer_passes(ns, answer, check):
+def _scope(ns: dict, check: str) -> dict:
     scope = dict(ns)
     if check == "check_no_hidden_sync":
-        _define_given_loop(scope)
-    v = _verdict(scope, LAB.solution(answer), check)
+        _define_given_loop(scope)   # the self-check compares with it; "the given loop" uses it
+    return scope
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+@pytest.mark.parametrize("answer, check", [(a, c) for a, c, _ in CASES])
+def test_reference_answer_passes(ns, answer, check, seed):
+    scope = _scope(ns, check)
+    LAB.run_code(scope, LAB.solution(answer))
+    v = LAB.judge(scope, check, seed=seed)
     assert v.passed, v.message
+
+
+@pytest.mark.parametrize("answer, check", [(a, c) for a, c, _ in CASES])
+def test_honest_variant_passes(ns, answer, check):
+    name, code = HONEST[answer]
+    scope = _scope(ns, check)
+    LAB.run_code(scope, code)
+    v = LAB.judge(scope, check, seed=7)
+    assert v.passed, (name, v.message)
 
 
 def _define_given_loop(scope: dict) -> None:
@@ -281,14 +467,15 @@ def _define_given_loop(scope: dict) -> None:
     (c, name, code) for _, c, wrongs in CASES for name, code in wrongs.items()],
     ids=lambda v: v if isinstance(v, str) and "\n" not in v and len(v) < 40 else "")
 def test_wrong_answer_fails(ns, check, name, code):
-    scope = dict(ns)
-    if check == "check_no_hidden_sync":
-        _define_given_loop(scope)
-    v = _verdict(scope, code, check)
+    v = _verdict(_scope(ns, check), code, check)
     assert not v.passed, f"{name!r} passed {check}"
-    assert v.message
+    if name.startswith("delegates to"):
+        assert "the graded call ran perflab's" in v.message, v.message
+    else:
+        assert v.message.startswith("hidden case"), v.message
 
 
 def test_every_lab01_check_has_wrong_answers():
     from perflab.course.answers import autograded
     assert set(autograded(LAB.nb)) == {c for _, c, _ in CASES}
+    assert set(HONEST) == {a for a, _, _ in CASES}

@@ -1,6 +1,9 @@
-"""Lab 02's checks on real wrong answers: each wrong Dataset, DataLoader call or
-prefetcher below runs through the check cell's own probe (as in grading), and the judge
-must fail it; the reference solution passes. Delegating to perflab fails too."""
+"""Lab 02's graded checks on real wrong answers: each wrong Dataset, DataLoader call,
+prefetcher or fixed configuration below runs as grading runs it (the student's code on
+hidden cases drawn from a seed, in this process as in the kernel; the judge apart, on
+the answers as JSON) and fails on a hidden case; the reference solution passes at
+several seeds and an honest variant written differently passes. Delegating to perflab
+fails too."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +15,10 @@ LAB = Lab("02")
 
 @pytest.fixture(scope="module")
 def ns():
-    return LAB.namespace()
+    scope = LAB.namespace()
+    # Exercise 4 starts from `slow` (section 3 defines it beside a sweep not run here)
+    LAB.run_code(scope, 'slow = baseline.replace(storage_latency_ms=4.0, label="")')
+    return scope
 
 
 def _verdict(ns, code: str, check: str):
@@ -52,10 +58,27 @@ class MyCachedDataset(torch.utils.data.Dataset):
         return self.images.size
     def __getitem__(self, i):
         return torch.from_numpy(self.images[i]), int(self.labels[i])''',
-    "delegates to perflab.CachedBatches": '''
+    "delegates to perflab's CachedBatches": '''
 def MyCachedDataset(images, labels):
-    return perflab.CachedBatches(perflab.DecodedCache(images, labels, tuple("abcdefghij"),
-                                                      images.shape[-1], "memory", None, 0.0))''',
+    from perflab.data.cache import CachedBatches, DecodedCache
+    return CachedBatches(DecodedCache(images, labels, tuple("abcdefghij"),
+                                      images.shape[-1], "memory", None, 0.0))''',
+    "the example's ten images": '''
+class MyCachedDataset(torch.utils.data.Dataset):
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+    def __len__(self):
+        return 10
+    def __getitem__(self, i):
+        return torch.from_numpy(np.asarray(self.images[i])), int(self.labels[i])''',
+    "numpy labels": '''
+class MyCachedDataset(torch.utils.data.Dataset):
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+    def __len__(self):
+        return len(self.labels)
+    def __getitem__(self, i):
+        return torch.from_numpy(np.asarray(self.images[i])), self.labels[i]''',
 }
 
 _OK_LOADER = '''
@@ -85,6 +108,19 @@ WRONG_LOADERS = {
 def my_loader(dataset, *, batch_size, seed, num_workers, device):
     return perflab.make_loader(RunConfig.preset("tiny", batch_size=batch_size, seed=seed,
                                                 num_workers=num_workers))''',
+    "the example's batch size": _OK_LOADER.replace("batch_size=batch_size", "batch_size=4"),
+    "a new generator every epoch (re-seeded)": \
+        _OK_LOADER.replace("return torch.utils.data.DataLoader(", "loader = torch.utils.data.DataLoader(")
+        + '''
+    class Reseeded:
+        def __init__(self, inner):
+            self.inner = inner
+            self.__dict__.update({k: getattr(inner, k) for k in ("dataset", "drop_last", "num_workers",
+                                  "pin_memory", "persistent_workers", "prefetch_factor")})
+        def __iter__(self):
+            self.inner.generator.manual_seed(seed)
+            return iter(self.inner)
+    return Reseeded(loader)''',
 }
 
 _OK_PREFETCHER_CPU = '''
@@ -135,20 +171,109 @@ class MyPrefetcher:
         out = self.next
         self.next = self._load()
         return out''',
+    "the example's prepare (doubles x)": '''
+class MyPrefetcher:
+    def __init__(self, batches, device, prepare=None):
+        self.it, self.device = iter(batches), torch.device(device)
+        self.next = self._load()
+    def _load(self):
+        try:
+            x, y = next(self.it)
+        except StopIteration:
+            return None
+        return x.to(self.device) * 2, y.to(self.device)
+    def __iter__(self):
+        return self
+    def __next__(self):
+        if self.next is None:
+            raise StopIteration
+        out, self.next = self.next, self._load()
+        return out''',
+}
+
+WRONG_FIXED = {
+    "no decoded cache": 'my_fixed = slow.replace(device_prefetch=True, num_workers=2, persistent_workers=True)',
+    "the disk fixed instead": ('my_fixed = slow.replace(decoded_cache="memory", device_prefetch=True, '
+                               'storage_latency_ms=0.0)'),
+    "a cache, nothing ahead": 'my_fixed = slow.replace(decoded_cache="memory")',
+    "a smaller batch": ('my_fixed = slow.replace(decoded_cache="memory", device_prefetch=True, '
+                        'batch_size=8)'),
+    "the bound itself": ('my_fixed = slow.replace(decoded_cache="memory", device_prefetch=True, '
+                         'compute_only=True)'),
+    "not a RunConfig": 'my_fixed = {"decoded_cache": "memory", "device_prefetch": True}',
+}
+
+#: One honest answer per exercise, written differently from the reference: it passes.
+HONEST = {
+    "my_cached_dataset": ("as_tensor, negative indices by hand", '''
+class MyCachedDataset(torch.utils.data.Dataset):
+    def __init__(self, images, labels):
+        self.rows, self.marks = images, labels
+    def __len__(self):
+        return self.rows.shape[0]
+    def __getitem__(self, index):
+        if index < 0:
+            index += len(self)
+        return torch.as_tensor(self.rows[index]), self.marks[index].item()'''),
+    "my_loader": ("keyword arguments built up", '''
+def my_loader(dataset, *, batch_size, seed, num_workers, device):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    options = dict(batch_size=batch_size, shuffle=True, drop_last=True, generator=g,
+                   num_workers=num_workers, pin_memory=str(device).startswith("cuda"))
+    if num_workers:
+        options.update(persistent_workers=True, prefetch_factor=4)
+    return torch.utils.data.DataLoader(dataset, **options)'''),
+    "my_prefetcher": ("preloads on the first next()", '''
+class MyPrefetcher:
+    def __init__(self, batches, device, prepare=None):
+        self.source, self.device, self.prepare = iter(batches), torch.device(device), prepare
+        self.pending, self.started = None, False
+    def _stage(self):
+        batch = next(self.source, None)
+        if batch is not None:
+            x, y = (t.to(self.device) for t in batch)
+            batch = self.prepare(x, y) if self.prepare else (x, y)
+        self.pending = batch
+    def __iter__(self):
+        return self
+    def __next__(self):
+        if not self.started:
+            self.started = True
+            self._stage()
+        if self.pending is None:
+            raise StopIteration
+        out = self.pending
+        self._stage()
+        return out'''),
+    "my_fixed_pipeline": ("a memory-mapped cache fed by workers",
+                          'my_fixed = slow.replace(decoded_cache="mmap", num_workers=2, '
+                          'persistent_workers=True, prefetch_factor=2)'),
 }
 
 CASES = [("my_cached_dataset", "check_cached_dataset", WRONG_DATASETS),
          ("my_loader", "check_loader", WRONG_LOADERS),
-         ("my_prefetcher", "check_prefetcher", WRONG_PREFETCHERS)]
+         ("my_prefetcher", "check_prefetcher", WRONG_PREFETCHERS),
+         ("my_fixed_pipeline", "check_fixed_pipeline", WRONG_FIXED)]
 
 #: The checks whose wrong answers run here (tests/labs/test_grading_checks.py reads it).
 CHECKS_TESTED = [c for _, c, _ in CASES]
 
 
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
 @pytest.mark.parametrize("answer, check", [(a, c) for a, c, _ in CASES])
-def test_reference_answer_passes(ns, answer, check):
-    v = _verdict(ns, LAB.solution(answer), check)
+def test_reference_answer_passes(ns, answer, check, seed):
+    scope = dict(ns)
+    LAB.run_code(scope, LAB.solution(answer))
+    v = LAB.judge(scope, check, seed=seed)
     assert v.passed, v.message
+
+
+@pytest.mark.parametrize("answer, check", [(a, c) for a, c, _ in CASES])
+def test_honest_variant_passes(ns, answer, check):
+    name, code = HONEST[answer]
+    v = _verdict(ns, code, check)
+    assert v.passed, (name, v.message)
 
 
 @pytest.mark.parametrize("check, name, code", [
@@ -157,27 +282,24 @@ def test_reference_answer_passes(ns, answer, check):
 def test_wrong_answer_fails(ns, check, name, code):
     v = _verdict(ns, code, check)
     assert not v.passed, f"{name!r} passed {check}"
-    assert v.message
+    if name.startswith("delegates to"):
+        assert "the graded call ran perflab's" in v.message or v.message.startswith("hidden case"), \
+            v.message
+    else:
+        assert v.message.startswith("hidden case"), v.message
 
 
-def test_fixed_pipeline_judge_fails_wrong_configs():
-    """check_fixed_pipeline grades the configuration (its probe measures, which is slow);
-    its judge runs here on facts: a config without a cache, with the storage fixed, or
-    not a RunConfig fails."""
-    from perflab.course.checks import run_judge, split_check
+def test_fixed_pipeline_measures_nothing_in_grading():
+    """The check of Exercise 4 reads two configurations; the interleaved measurement it
+    used to run sits in a grading-skip cell now."""
+    from perflab.course.checks import split_check
     check = split_check(LAB.cells["check_fixed_pipeline"])
-    knobs = {"storage_latency_ms": 4.0, "compute_only": False, "model": "resnet18",
-             "image_size": 64, "batch_size": 32, "amp": "off", "device": "cpu", "dataset": None,
-             "seed": 0, "decoded_cache": "off", "device_prefetch": False, "num_workers": 0}
-    right = {"fixed_knobs": {**knobs, "decoded_cache": "memory", "device_prefetch": True},
-             "slow_knobs": knobs}
-    assert run_judge(check, right).passed
-    for wrong in ({**knobs, "device_prefetch": True}, {**knobs, "decoded_cache": "memory",
-                  "storage_latency_ms": 0.0}, None, {**knobs, "decoded_cache": "memory",
-                  "device_prefetch": True, "batch_size": 8}):
-        assert not run_judge(check, {"fixed_knobs": wrong, "slow_knobs": knobs}).passed
+    assert "run_interleaved" not in check.probe + check.graded.answer_source
+    shown = next(c for c in LAB.nb.cells if "fixed_result, fixed_bound = run_interleaved" in c.source)
+    assert "grading-skip" in shown.metadata.get("tags", [])
 
 
 def test_every_lab02_check_has_wrong_answers():
     from perflab.course.answers import autograded
-    assert set(autograded(LAB.nb)) == {c for _, c, _ in CASES} | {"check_fixed_pipeline"}
+    assert set(autograded(LAB.nb)) == {c for _, c, _ in CASES}
+    assert set(HONEST) == {a for a, _, _ in CASES}
