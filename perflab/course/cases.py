@@ -40,11 +40,13 @@ module imports only the standard library: the kernel imports it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
 import sys
-from typing import Any, Callable, Iterable
+import threading
+from typing import Any, Callable, Iterable, Iterator
 
 __all__ = ["GRADED_MARKER", "FACTS_MARKER", "MAX_DEPTH", "to_data", "draw_cases", "run_cases",
            "answer_cases", "judge_answers", "CaseOutcome"]
@@ -90,6 +92,31 @@ def to_data(value: Any, *, _depth: int = 0) -> Any:
                     "lists, dicts or tensors)")
 
 
+#: The grader judges submissions in threads of one process (``--jobs``): drawing cases
+#: and judging take this lock, so a judge that seeds torch's, NumPy's or Python's global
+#: generator gets the numbers it seeded, and leaves the generators as it found them.
+_GRADER_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _grader_side() -> Iterator[None]:
+    with _GRADER_LOCK:
+        state = random.getstate()
+        np = sys.modules.get("numpy")
+        np_state = np.random.get_state() if np is not None else None
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None:
+                with torch.random.fork_rng(devices=[]):
+                    yield
+            else:
+                yield
+        finally:
+            random.setstate(state)
+            if np_state is not None:
+                np.random.set_state(np_state)
+
+
 def _round_trip(value: Any) -> Any:
     """``value`` exactly as the other side of the sandbox receives it."""
     return json.loads(json.dumps(to_data(value), allow_nan=True))
@@ -102,7 +129,8 @@ def draw_cases(cases: Callable[[random.Random], Iterable], seed: int | str) -> l
         ValueError: it drew no case (a check must never pass on nothing).
         TypeError: a case is not data.
     """
-    drawn = _round_trip(list(cases(random.Random(seed))))
+    with _grader_side():
+        drawn = _round_trip(list(cases(random.Random(seed))))
     if not drawn:
         raise ValueError("the check's cases() drew no case: a check must try at least one")
     return drawn
@@ -214,7 +242,8 @@ def judge_answers(judge: Callable[[Any, Any], None], cases: list, facts: Any) ->
                                f"code raised {str(rec['error'])[:_MAX_ERROR]}",
                                f"hidden case {k} of {n}: your code raised {kind}", k)
         try:
-            judge(case, rec["value"])
+            with _grader_side():
+                judge(case, rec["value"])
         except Exception as e:  # noqa: BLE001 - any failure of the judge is a wrong answer
             kind = "wrong result" if isinstance(e, AssertionError) else \
                 f"unusable result ({type(e).__name__} when judged)"

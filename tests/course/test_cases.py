@@ -85,3 +85,33 @@ def test_to_data_and_its_errors():
         to_data(deep)
     with pytest.raises(ValueError, match="drew no case"):
         draw_cases(lambda rng: [], 0)
+
+
+def test_judges_in_threads_get_the_global_generator_they_seed():
+    """The grader judges submissions in threads: a judge that seeds torch's global
+    generator must draw what it seeded, whatever other threads do meanwhile."""
+    import threading
+
+    torch = pytest.importorskip("torch")
+
+    def judge(case, got):
+        torch.manual_seed(case)
+        first = torch.rand(1000)
+        for _ in range(50):
+            torch.rand(10)  # another thread interleaving here would shift the stream
+        torch.manual_seed(case)
+        assert torch.equal(first, torch.rand(1000)) and got == case
+
+    results = []
+
+    def grade(k):
+        results.append(judge_answers(judge, [k] * 20, {"got": [{"value": k}] * 20}).passed)
+
+    before = torch.get_rng_state()
+    threads = [threading.Thread(target=grade, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 4
+    assert torch.equal(before, torch.get_rng_state())  # left as it was found

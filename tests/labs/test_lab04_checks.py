@@ -1,87 +1,154 @@
-"""Lab 04's check cells: each judge passes right facts and fails wrong ones, and real wrong
-answers — typical mistakes and answers that only delegate to perflab — fail their check
-when the lab's own cells run with them (see tests/labs/test_lab03_checks.py for how)."""
+"""Lab 04's graded checks on real answers: each runs as grading runs it (the student's code
+on hidden cases drawn in the grader, here in this process standing in for the kernel, the
+answers as JSON, the judge apart, tests/labs/labcheck.py). The reference solutions pass at
+several seeds, an honest answer written differently passes, and typical mistakes, answers
+written for the examples only and answers that only delegate to perflab fail. The lab's
+own cells also run top to bottom with the reference answers at the tiny preset, each
+check graded as in grading.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import assert_judge_decides
-from perflab.course.checks import run_judge, split_check
-from tests.labs.test_lab03_checks import check_source, run_lab
+from tests.labs.labcheck import Lab, graded_verdict
+from perflab.course.answers import SKIP_TAG
+from perflab.course.checks import split_check
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "solutions" / "04_activation_checkpointing.ipynb"
+LAB = Lab("04")
 
-_CKPT = {"switched": [], "no_grad": [], "changed": []}
-_ERRS = {"2": {"w": 1e-6}, "4": {"w": 1e-6}, "odd": {"w": 1e-6}, "delegated": False}
-_OWN = {"exported": True, "points": 1500, "mine": [207_000_000, "unknown"],
-        "ref": [207_000_000, "unknown"], "categorized": True}
-_PEAKS = {"synthetic": [61, "gradient"], "hidden": [17, "unknown"]}
-
-
-def _search(got, calls=12, max_calls=26):
-    return {"got": got, "calls": calls, "max_calls": max_calls, "outside": []}
-
-
-_SEARCH = {"affine": _search(108), "exact": _search(300), "none fits": _search(0),
-           "limit fits": _search(1000, max_calls=22), "quadratic": _search(99)}
-
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)])
-FACTS = {
-    ("04", "check_checkpointed_forward"): (
-        {"before": 100, "after": 40, "MIB": 2**20, "ckpt": _CKPT},
-        [({"before": 100, "after": 80, "MIB": 2**20, "ckpt": _CKPT}, False),
-         ({"before": 100, "after": 40, "MIB": 2**20, "ckpt": {**_CKPT, "changed": ["fc.weight"]}}, False),
-         ({"before": 100, "after": 40, "MIB": 2**20, "ckpt": {**_CKPT, "no_grad": ["fc.bias"]}}, False),
-         ({"before": 100, "after": 40, "MIB": 2**20, "ckpt": {**_CKPT, "switched": ["per_stage"]}},
-          False)]),
-    ("04", "check_predict_segments"): ({"predicted_mib": 10.0, "measured_mib": 10.5},
-                                       [({"predicted_mib": 5.0, "measured_mib": 10.5}, False),
-                                        ({"predicted_mib": 12.0, "measured_mib": 10.5}, False)]),
-    ("04", "check_memory_peak"): (
-        {"peak_got": _PEAKS, "own": _OWN},
-        [({"peak_got": {**_PEAKS, "synthetic": [30, "activation"]}, "own": _OWN}, False),  # one category's peak
-         ({"peak_got": {**_PEAKS, "synthetic": [61, "autograd_detail"]}, "own": _OWN}, False),  # off by one
-         ({"peak_got": {**_PEAKS, "synthetic": None}, "own": _OWN}, False),
-         ({"peak_got": {**_PEAKS, "hidden": [17, "parameter"]}, "own": _OWN}, True),
-         ({"peak_got": _PEAKS, "own": {"exported": False}}, False),
-         ({"peak_got": _PEAKS, "own": {**_OWN, "points": 3, "categorized": False}}, False),
-         ({"peak_got": _PEAKS, "own": {**_OWN, "mine": [1, "unknown"]}}, False)]),
-    ("04", "check_accumulate"): (
-        {"acc_errors": _ERRS},
-        [({"acc_errors": {**_ERRS, "2": {"w": .1}}}, False),
-         ({"acc_errors": {**_ERRS, "2": None}}, False),
-         ({"acc_errors": {**_ERRS, "delegated": True}}, False),
-         ({"acc_errors": {**_ERRS, "odd": {"w": .1}}}, True)]),
-    ("04", "check_largest_batch"): (
-        {"search_got": _SEARCH, "search_delegated": []},
-        [({"search_got": {**_SEARCH, "affine": _search(109)}, "search_delegated": []}, False),
-         ({"search_got": {**_SEARCH, "exact": _search(299)}, "search_delegated": []}, False),
-         ({"search_got": {**_SEARCH, "affine": _search(108, calls=109)}, "search_delegated": []}, False),
-         ({"search_got": _SEARCH, "search_delegated": ["search_max_batch"]}, False),
-         ({"search_got": {**_SEARCH, "none fits": _search(1)}, "search_delegated": []}, True)]),
-}
+#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every check of
+#: this lab is graded on hidden cases (GRADED_TESTED).
+FACTS: dict = {}
+#: The checks graded on hidden cases, each tried below on real wrong answers.
+GRADED_TESTED = ("check_checkpointed_forward", "check_predict_segments", "check_memory_peak",
+                 "check_accumulate", "check_largest_batch")
+#: check -> the answer cell(s) it grades
+ANSWERS = {"check_checkpointed_forward": ("checkpointed_forward",),
+           "check_predict_segments": ("predict_segments",),
+           "check_memory_peak": ("memory_profile",),
+           "check_accumulate": ("accumulate",),
+           "check_largest_batch": ("largest_batch",)}
 
 
-@pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
-def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    assert_judge_decides(check_source(LAB, key[1]), *FACTS[key], name=key[1])
+def _code_cell(marker: str) -> str:
+    return next(c.source for c in LAB.nb.cells if c.cell_type == "code" and marker in c.source)
 
 
-def test_segment_prediction_message_does_not_give_the_answer():
-    check = split_check(check_source(LAB, "check_predict_segments"))
-    verdict = run_judge(check, {"predicted_mib": 5.0, "measured_mib": 10.4567})
-    assert not verdict.passed
-    for leak in ("10.4", "10.5", "52 %", "52%", "48 %", "48%"):
-        assert leak not in verdict.message, verdict.message
+@pytest.fixture(scope="module")
+def ns():
+    """The lab's set-up cell at the tiny preset, and the cell defining CATEGORIES."""
+    from perflab import RunConfig
+
+    scope = LAB.namespace()
+    scope["config"] = RunConfig.preset("tiny")
+    LAB.run_code(scope, _code_cell("CATEGORIES = ["))
+    return scope
+
+
+def _reference(gid: str) -> str:
+    """The reference answer cell; the prediction's function only (the cell's last lines
+    use the lab's `table`)."""
+    source = LAB.solution(gid)
+    return source.split("\n\npredicted_mib")[0] if gid == "predict_segments" else source
+
+
+def _verdict(ns, check: str, code: str | None = None, seed=0):
+    scope = dict(ns)
+    for gid in ANSWERS[check]:
+        LAB.run_code(scope, _reference(gid))
+    if code is not None:
+        LAB.run_code(scope, code)
+    return LAB.judge(scope, check, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+@pytest.mark.parametrize("check", GRADED_TESTED)
+def test_reference_passes_at_any_seed(ns, check, seed):
+    verdict = _verdict(ns, check, seed=seed)
+    assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("check", ["check_checkpointed_forward", "check_accumulate"])
+def test_judge_needs_no_global_generator(ns, check, monkeypatch):
+    """Grading judges submissions side by side in threads of one process, so torch's global
+    generator may move between a judge's seeding and its model's initialisation: with
+    torch.manual_seed a no-op (the generator runs on between the answer and the judge),
+    the weights must still match."""
+    import torch
+
+    monkeypatch.setattr(torch, "manual_seed", lambda seed: None)
+    verdict = _verdict(ns, check, seed=3)
+    assert verdict.passed, verdict.message
+
+
+_HEAD_BY_MEAN = '''
+def checkpointed_forward(model, x):
+    h = x
+    for part in model.stages():
+        h = checkpoint(part, h, use_reentrant=False)
+    return model.fc(h.mean(dim=(2, 3)))
+'''
+_PREDICT_BY_SETS = '''
+def predict_saved_mib(table, plan):
+    firsts = {seg.stages[0] for seg in plan if seg.checkpointed}
+    stored = {i for seg in plan if not seg.checkpointed for i in seg.stages}
+    total = float(table.saved_mib["head"])
+    total += sum(table.input_mib.iloc[i] for i in firsts)
+    total += sum(table.saved_mib.iloc[i] - table.input_mib.iloc[i + 1] for i in stored)
+    return total
+'''
+_PEAK_NUMPY = '''
+import numpy as np
+def find_peak(timeline):
+    a = np.asarray(timeline[1])
+    i = int(a.sum(axis=1).argmax())
+    return int(a[i].sum()), CATEGORIES[int(a[i, 1:].argmax())]
+'''
+_ACCUMULATE_SUMS = '''
+def my_accumulated_grads(model, x, y, k):
+    model.zero_grad(set_to_none=True)
+    for xc, yc in zip(torch.tensor_split(x, k), torch.tensor_split(y, k)):
+        (F.cross_entropy(model(xc), yc, reduction="sum") / x.shape[0]).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+'''
+_SEARCH_UPPER = '''
+def largest_batch(bytes_at, budget, limit=4096):
+    lo, hi = 0, limit                 # bytes_at(lo) fits (or lo == 0); answer in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if bytes_at(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+'''
+#: check -> an honest answer written differently from the reference
+HONEST = {"check_checkpointed_forward": _HEAD_BY_MEAN,
+          "check_predict_segments": _PREDICT_BY_SETS,
+          "check_memory_peak": _PEAK_NUMPY,
+          "check_accumulate": _ACCUMULATE_SUMS,
+          "check_largest_batch": _SEARCH_UPPER}
+
+
+@pytest.mark.parametrize("check", GRADED_TESTED)
+def test_honest_variant_passes(ns, check):
+    verdict = _verdict(ns, check, HONEST[check], seed=7)
+    assert verdict.passed, verdict.message
 
 
 _SWITCH_ON = '''
 def checkpointed_forward(model, x):
     model.set_checkpointing("per_stage")
+    return model(x)
+'''
+_SET_ATTRIBUTE = '''
+def checkpointed_forward(model, x):
+    model.checkpointing = "per_stage"
     return model(x)
 '''
 _ONE_STAGE = '''
@@ -91,7 +158,40 @@ def checkpointed_forward(model, x):
         h = checkpoint(stage, h, use_reentrant=False) if i == 4 else stage(h)
     return model.fc(torch.flatten(model.avgpool(h), 1))
 '''
-_SUM_STAGES = "predicted_mib = float(table.saved_mib.sum())"
+_DETACHED = '''
+def checkpointed_forward(model, x):
+    h = x
+    for stage in model.stages():
+        h = checkpoint(stage, h.detach(), use_reentrant=False)
+    return model.fc(torch.flatten(model.avgpool(h), 1))
+'''
+_SUM_STAGES = "def predict_saved_mib(table, plan):\n    return float(table.saved_mib.sum())\n"
+_ALWAYS_FOUR = '''
+_reference_predict = predict_saved_mib
+def predict_saved_mib(table, plan):
+    return _reference_predict(table, segment_plan(4))
+'''
+_NO_BOUNDARY = '''
+def predict_saved_mib(table, plan):
+    total = table.saved_mib["head"]
+    for seg in plan:
+        if seg.checkpointed:
+            total += table.input_mib.iloc[seg.stages[0]]
+        else:
+            total += sum(table.saved_mib.iloc[i] for i in seg.stages)
+    return float(total)
+'''
+_PREDICT_BY_MEASURING = '''
+def predict_saved_mib(table, plan):
+    from perflab import RunConfig, saved_activation_bytes
+    from perflab.train.workloads import training_parts
+    stored = [seg for seg in plan if not seg.checkpointed]
+    setting = ("per_stage" if not stored else "none" if len(plan) == 1 else len(plan))
+    b, _, h, _ = table.output_shape["stem"]
+    run = training_parts(RunConfig.preset("tiny", device="cpu", batch_size=b,
+                                          image_size=4 * h, checkpointing=setting))
+    return saved_activation_bytes(run.model, run.x, run.y).nbytes / 2 ** 20
+'''
 _NO_MEMORY = '''
 def profile_step(model, x, y, optimizer, path):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -100,37 +200,37 @@ def profile_step(model, x, y, optimizer, path):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     prof.export_memory_timeline(path, device=str(x.device))
-
-
-def find_peak(timeline):
-    times, sizes = timeline
-    peak = max(range(len(sizes)), key=lambda i: sum(sizes[i]))
-    row = sizes[peak][1:]
-    return sum(sizes[peak]), CATEGORIES[max(range(len(row)), key=row.__getitem__)]
+'''
+_NO_EXPORT = '''
+def profile_step(model, x, y, optimizer, path):
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 '''
 _OFF_BY_ONE = '''
-def profile_step(model, x, y, optimizer, path):
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                 record_shapes=True, with_stack=True) as prof:
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    prof.export_memory_timeline(path, device=str(x.device))
-
-
 def find_peak(timeline):
     times, sizes = timeline
     peak = max(range(len(sizes)), key=lambda i: sum(sizes[i]))
     row = sizes[peak]
     return sum(row), CATEGORIES[max(range(len(CATEGORIES)), key=row.__getitem__)]
 '''
-_LARGEST_CATEGORY_OVER_TIME = _OFF_BY_ONE.replace(
-    '''    peak = max(range(len(sizes)), key=lambda i: sum(sizes[i]))
-    row = sizes[peak]
-    return sum(row), CATEGORIES[max(range(len(CATEGORIES)), key=row.__getitem__)]''',
-    '''    j = max(range(1, 9), key=lambda j: max(row[j] for row in sizes))
-    return max(sum(row) for row in sizes), CATEGORIES[j - 1]''')
+_LARGEST_CATEGORY_OVER_TIME = '''
+def find_peak(timeline):
+    times, sizes = timeline
+    j = max(range(1, 9), key=lambda j: max(row[j] for row in sizes))
+    return max(sum(row) for row in sizes), CATEGORIES[j - 1]
+'''
+_LARGEST_ENTRY = '''
+def find_peak(timeline):
+    times, sizes = timeline
+    i = max(range(len(sizes)), key=lambda i: max(sizes[i]))
+    row = sizes[i][1:]
+    return max(row), CATEGORIES[row.index(max(row))]
+'''
+_PEAK_EXAMPLE_ONLY = '''
+def find_peak(timeline):
+    return (61, "gradient")
+'''
 _UNSCALED_ACCUMULATION = '''
 def my_accumulated_grads(model, x, y, k):
     model.zero_grad(set_to_none=True)
@@ -138,10 +238,22 @@ def my_accumulated_grads(model, x, y, k):
         F.cross_entropy(model(xc), yc).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 '''
+_DIVIDED_BY_K = '''
+def my_accumulated_grads(model, x, y, k):
+    model.zero_grad(set_to_none=True)
+    for xc, yc in zip(x.tensor_split(k), y.tensor_split(k)):
+        (F.cross_entropy(model(xc), yc) / k).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+'''
 _DELEGATE_ACCUMULATION = '''
 def my_accumulated_grads(model, x, y, k):
     from perflab.analysis.accumulation import accumulated_gradients
     return accumulated_gradients(model, x, y, k)
+'''
+_FULL_BATCH_ONLY = '''
+def my_accumulated_grads(model, x, y, k):
+    from perflab.analysis.accumulation import full_batch_gradients
+    return full_batch_gradients(model, x, y)
 '''
 _LINEAR_SEARCH = '''
 def largest_batch(bytes_at, budget, limit=4096):
@@ -161,47 +273,139 @@ def largest_batch(bytes_at, budget, limit=4096):
             hi = mid
     return lo
 '''
+_NEVER_ZERO = '''
+def largest_batch(bytes_at, budget, limit=4096):
+    good, bad = 1, limit + 1
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if bytes_at(mid) <= budget:
+            good = mid
+        else:
+            bad = mid
+    return good
+'''
+_SEARCH_EXAMPLES_ONLY = '''
+def largest_batch(bytes_at, budget, limit=4096):
+    return {5000: 108, 1000 + 37 * 300: 300}[budget]
+'''
 _DELEGATE_SEARCH = '''
 def largest_batch(bytes_at, budget, limit=4096):
-    import perflab
-    best, _, _ = perflab.search_max_batch(lambda n: (bytes_at(n) <= budget, None, ""),
-                                          start=1, limit=limit)
+    from perflab.analysis.max_batch import search_max_batch
+    best, _, _ = search_max_batch(lambda n: (bytes_at(n) <= budget, None, ""),
+                                  start=1, limit=limit)
     return best
 '''
 
-#: (answer grade_id, wrong answer, the check it must fail)
+#: name -> (the check it must fail, the wrong answer); each runs after the reference
+#: answers of its check, replacing one of them
 WRONG = {
-    "forward switches the model's own checkpointing": (
-        "checkpointed_forward", _SWITCH_ON, "check_checkpointed_forward"),
-    "only the last stage checkpointed": ("checkpointed_forward", _ONE_STAGE,
-                                         "check_checkpointed_forward"),
-    "prediction sums every stage": ("predict_segments", _SUM_STAGES, "check_predict_segments"),
-    "profile without memory": ("memory_profile", _NO_MEMORY, "check_memory_peak"),
-    "category index off by one": ("memory_profile", _OFF_BY_ONE, "check_memory_peak"),
-    "largest category over the whole step": ("memory_profile", _LARGEST_CATEGORY_OVER_TIME,
-                                             "check_memory_peak"),
-    "losses not scaled per micro-batch": ("accumulate", _UNSCALED_ACCUMULATION,
-                                          "check_accumulate"),
-    "accumulation delegates to perflab": ("accumulate", _DELEGATE_ACCUMULATION,
-                                          "check_accumulate"),
-    "linear search": ("largest_batch", _LINEAR_SEARCH, "check_largest_batch"),
-    "search off by one": ("largest_batch", _OFF_BY_ONE_SEARCH, "check_largest_batch"),
-    "search delegates to perflab": ("largest_batch", _DELEGATE_SEARCH, "check_largest_batch"),
+    "forward switches the model's own checkpointing": ("check_checkpointed_forward", _SWITCH_ON),
+    "forward sets the model's checkpointing attribute": ("check_checkpointed_forward",
+                                                         _SET_ATTRIBUTE),
+    "only the last stage checkpointed": ("check_checkpointed_forward", _ONE_STAGE),
+    "stage inputs detached": ("check_checkpointed_forward", _DETACHED),
+    "prediction sums every stage": ("check_predict_segments", _SUM_STAGES),
+    "prediction of the 4-segment run whatever the plan": ("check_predict_segments",
+                                                          _ALWAYS_FOUR),
+    "profile without memory": ("check_memory_peak", _NO_MEMORY),
+    "profile exports nothing": ("check_memory_peak", _NO_EXPORT),
+    "category index off by one": ("check_memory_peak", _OFF_BY_ONE),
+    "largest category over the whole step": ("check_memory_peak", _LARGEST_CATEGORY_OVER_TIME),
+    "peak of one category": ("check_memory_peak", _LARGEST_ENTRY),
+    "find_peak for the example only": ("check_memory_peak", _PEAK_EXAMPLE_ONLY),
+    "losses not scaled per micro-batch": ("check_accumulate", _UNSCALED_ACCUMULATION),
+    "losses divided by k": ("check_accumulate", _DIVIDED_BY_K),
+    "linear search": ("check_largest_batch", _LINEAR_SEARCH),
+    "search off by one": ("check_largest_batch", _OFF_BY_ONE_SEARCH),
+    "search never returns 0": ("check_largest_batch", _NEVER_ZERO),
+    "search for the examples only": ("check_largest_batch", _SEARCH_EXAMPLES_ONLY),
 }
+#: wrong answers that delegate to the perflab function the exercise asks for
+DELEGATING = {
+    "prediction measures the run": ("check_predict_segments", _PREDICT_BY_MEASURING,
+                                    "saved_activation_bytes"),
+    "accumulation delegates to perflab": ("check_accumulate", _DELEGATE_ACCUMULATION,
+                                          "accumulated_gradients"),
+    "accumulation is one full batch": ("check_accumulate", _FULL_BATCH_ONLY,
+                                       "full_batch_gradients"),
+    "search delegates to perflab": ("check_largest_batch", _DELEGATE_SEARCH,
+                                    "search_max_batch"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_answer_fails_a_hidden_case(ns, name):
+    check, code = WRONG[name]
+    verdict = _verdict(ns, check, code)
+    assert not verdict.passed, f"{name!r} passed {check}"
+    assert verdict.message.startswith("hidden case"), verdict.message
+
+
+@pytest.mark.parametrize("name", sorted(DELEGATING))
+def test_delegating_answer_fails(ns, name):
+    check, code, helper = DELEGATING[name]
+    verdict = _verdict(ns, check, code)
+    assert not verdict.passed, f"{name!r} passed {check}"
+    assert f"ran perflab's {helper}" in verdict.message, verdict.message
+
+
+def test_the_predictions_hidden_settings_differ():
+    """The hidden cases try several checkpointing settings, not only the example's 4."""
+    import random
+
+    check = split_check(LAB.cells["check_predict_segments"])
+    from perflab.course.checks import graded_functions
+
+    cases_fn, _ = graded_functions(check.graded, "check_predict_segments")
+    for seed in range(5):
+        settings = {str(c["setting"]) for c in cases_fn(random.Random(seed))}
+        assert len(settings) == 4 and settings != {"4"}
+
+
+def test_segment_prediction_message_does_not_give_the_answer(ns):
+    """The self-check a student sees fails a wrong prediction without printing the
+    measured value."""
+    scope = dict(ns)
+    scope["predicted_mib"] = 0.5
+    probe = split_check(LAB.cells["check_predict_segments"]).probe
+    with pytest.raises(AssertionError) as failed:
+        LAB.run_code(scope, probe)
+    measured = scope["measured_mib"]
+    message = str(failed.value)
+    for leak in (f"{measured:.1f}", f"{measured:.2f}", f"{measured:.3f}"):
+        assert leak not in message, message
+
+
+# --- the lab's own cells, top to bottom, graded as in grading -----------------------
+
+def _run_graded_lab(monkeypatch) -> dict:
+    """Every code cell grading runs (not tagged grading-skip), in order, at the tiny
+    preset, with the reference answers; each check cell replaced by its graded part
+    (hidden cases at seed "grade:test", answers in this namespace, judged apart).
+    Returns ``check grade_id -> JudgeResult``."""
+    monkeypatch.setenv("PERFLAB_PRESET", "tiny")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(str(LAB.path), as_version=4)
+    scope: dict = {"__name__": "__lab__", "display": lambda *a, **k: None}
+    verdicts = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or (SKIP_TAG in cell.metadata.get("tags", [])
+                                        and not meta.get("solution") and not meta.get("grade")):
+            continue
+        if meta.get("grade"):
+            check = split_check(cell.source)
+            assert check.graded is not None, meta["grade_id"]
+            verdicts[meta["grade_id"]] = graded_verdict(check, scope, meta["grade_id"],
+                                                        "grade:test")
+        else:
+            exec(compile(cell.source, "<cell>", "exec"), scope)  # noqa: S102
+    return verdicts
 
 
 @slow
 def test_reference_answers_pass_every_check(monkeypatch):
-    verdicts = run_lab(LAB, {}, "check_largest_batch", monkeypatch, all_checks=True)
-    assert set(verdicts) == {k[1] for k in FACTS}
+    verdicts = _run_graded_lab(monkeypatch)
+    assert set(verdicts) == set(GRADED_TESTED)
     assert all(v.passed for v in verdicts.values()), {
         g: v.message for g, v in verdicts.items() if not v.passed}
-
-
-@slow
-@pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_answer_fails_its_check(name, monkeypatch):
-    gid, source, check = WRONG[name]
-    verdict = run_lab(LAB, {gid: source}, check, monkeypatch)[check]
-    assert not verdict.passed, f"{name!r} passed {check}"
-    assert verdict.message
