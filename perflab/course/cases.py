@@ -138,26 +138,37 @@ def draw_cases(cases: Callable[[random.Random], Iterable], seed: int | str) -> l
 
 class _Spy:
     """Record calls to given functions' code objects while active (sys.setprofile):
-    whatever name, default argument or closure reached them."""
+    whatever name, default argument or closure reached them. A class is watched through
+    the ``__init__``/``__call__`` it defines in Python. Code objects are matched by
+    identity (a code object whose constants hold a dict cannot be hashed: dynamo makes
+    such frames)."""
 
     def __init__(self, names: Iterable[str]) -> None:
-        self.codes: dict[Any, str] = {}
+        self.codes: dict[int, str] = {}
+        self._keep: list[Any] = []  # the code objects, alive while their ids are used
         self.hits: list[str] = []
         if names:
             from perflab.labs.checking import resolve  # perflab loaded only when asked
 
             for name in names:
-                fn = resolve(name)
-                while hasattr(fn, "__wrapped__"):
-                    fn = fn.__wrapped__
-                code = getattr(fn, "__code__", None)
-                if code is not None:
-                    self.codes[code] = name
+                obj = resolve(name)
+                targets = [obj]
+                if isinstance(obj, type):
+                    targets = [obj.__dict__[m] for m in ("__init__", "__call__", "__new__")
+                               if m in obj.__dict__]
+                for fn in targets:
+                    fn = getattr(fn, "__func__", fn)
+                    while hasattr(fn, "__wrapped__"):
+                        fn = fn.__wrapped__
+                    code = getattr(fn, "__code__", None)
+                    if code is not None:
+                        self.codes[id(code)] = name
+                        self._keep.append(code)
 
     def _profile(self, frame, event, arg) -> None:
-        if event == "call" and frame.f_code in self.codes:
-            name = self.codes[frame.f_code]
-            if name not in self.hits:
+        if event == "call":
+            name = self.codes.get(id(frame.f_code))
+            if name is not None and name not in self.hits:
                 self.hits.append(name)
 
     def __enter__(self) -> "_Spy":

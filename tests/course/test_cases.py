@@ -115,3 +115,37 @@ def test_judges_in_threads_get_the_global_generator_they_seed():
         t.join()
     assert results == [True] * 4
     assert torch.equal(before, torch.get_rng_state())  # left as it was found
+
+
+def test_a_forbidden_class_is_watched_through_its_init():
+    import fractions
+
+    def cases(rng):
+        return [[1, 3], [2, 5]]
+
+    def judge(case, got):
+        assert abs(got - case[0] / case[1]) < 1e-12
+
+    run_cases(cases, lambda c: c[0] / c[1], judge, forbid=["fractions.Fraction"])
+    with pytest.raises(AssertionError, match="fractions.Fraction"):
+        run_cases(cases, lambda c: float(fractions.Fraction(*c)), judge,
+                  forbid=["fractions.Fraction"])
+
+
+def test_frames_with_unhashable_code_constants_do_not_break_the_spy():
+    # dynamo's resume frames carry a dict among their code constants: hashing such a
+    # code object raises TypeError; the spy matches code objects by identity instead
+    import types
+
+    def double_all(x):
+        return [v * 2 for v in x]
+
+    code = double_all.__code__.replace(co_consts=double_all.__code__.co_consts + ({},))
+    with pytest.raises(TypeError):
+        hash(code)
+    odd = types.FunctionType(code, globals())
+
+    def judge(case, got):
+        assert got == [2 * v for v in case]
+
+    run_cases(lambda rng: [[1, 2], [3]], odd, judge, forbid=["textwrap.dedent"])

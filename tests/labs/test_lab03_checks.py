@@ -1,78 +1,33 @@
-"""Lab 03's check cells: each judge passes right facts and fails wrong ones, and real wrong
-answers — typical mistakes and answers that only delegate to perflab — fail their check
-when the lab's own cells run with them (in this process, at the tiny preset: the cells
-that grading runs, answers put in, each check's probe run, its judge run on the facts).
+"""Lab 03's graded checks on real answers: each runs as grading runs it (the student's code
+on hidden cases drawn in the grader, here in this process standing in for the kernel, the
+answers as JSON, the judge apart: tests/labs/labcheck.py). The reference solutions pass at
+several seeds, an honest answer written differently passes, and typical mistakes, answers
+written for the examples only and answers that only delegate to perflab fail. The lab's
+own cells also run top to bottom with the reference answers at the tiny preset, each
+check graded as in grading (its self-check does not run there).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import assert_judge_decides
+from tests.labs.labcheck import Lab, graded_verdict
 from perflab.course.answers import SKIP_TAG
-from perflab.course.checks import run_judge, split_check
+from perflab.course.checks import split_check
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "solutions" / "03_mixed_precision.ipynb"
+LAB_PATH = ROOT / "solutions" / "03_mixed_precision.ipynb"
+LAB = Lab("03")
 
-_STEPS = [{"detached_fp32": True, "mine": 2.3, "ref": 2.3}] * 2
-_SEEN = {"seen": ["torch.bfloat16"], "want": "torch.bfloat16", "weights_differ": [],
-         "delegated": False}
-_TRACE = [["aten._to_copy", "bfloat16"], ["aten.convolution", "bfloat16"],
-          ["aten.addmm", "bfloat16"], ["aten._to_copy", "float32"],
-          ["aten._log_softmax", "float32"], ["aten.nll_loss_forward", "float32"]]
-_FP16_TRACE = [[op, "float16" if d == "bfloat16" else d] for op, d in _TRACE]
-_OK = {"shapes_ok": True, "fp32": True, "zeros": 0, "total": 257, "rel_err": 0.005}
-_UNDER = {"shapes_ok": True, "fp32": True, "zeros": 243, "total": 257, "rel_err": 0.93}
-_SCALING = {"1": _UNDER, "65536": _OK, "1024": _OK}
-_SAVED = {"8 fp32": [28036, 28036], "8 bf16": [15892, 15892],
-          "16 fp32": [110980, 110980], "16 bf16": [57364, 57364]}
-
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)])
-FACTS = {
-    ("03", "check_amp_step"): (
-        {"amp_steps": _STEPS, "amp_seen": _SEEN},
-        [({"amp_steps": _STEPS, "amp_seen": {**_SEEN, "seen": ["torch.float32"]}}, False),
-         ({"amp_steps": [{"detached_fp32": True, "mine": 2.1, "ref": 2.3}], "amp_seen": _SEEN}, False),
-         ({"amp_steps": _STEPS, "amp_seen": {**_SEEN, "delegated": True}}, False),
-         ({"amp_steps": _STEPS, "amp_seen": {**_SEEN, "weights_differ": ["fc.bias"]}}, False)]),
-    ("03", "check_dispatch_trace"): (
-        {"trace_got": {"bf16": _TRACE, "fp16": _FP16_TRACE}},
-        [({"trace_got": {"bf16": [[op, "float32"] for op, _ in _TRACE], "fp16": _FP16_TRACE}}, False),
-         ({"trace_got": {"bf16": [r for r in _TRACE if r[0] != "aten._to_copy"],
-                         "fp16": _FP16_TRACE}}, False),
-         ({"trace_got": {"bf16": [["aten._to_copy", "float32"], *_TRACE[1:3],  # input dtypes
-                                  ["aten._to_copy", "bfloat16"], *_TRACE[4:]],
-                         "fp16": _FP16_TRACE}}, False),
-         ({"trace_got": {"bf16": _TRACE, "fp16": _TRACE}}, True)]),
-    ("03", "check_fp32_kind"): ({"facts": {"mine": "loss", "kept": ["aten._log_softmax"]}},
-                                [({"facts": {"mine": "normalization",
-                                             "kept": ["aten._log_softmax"]}}, False),
-                                 ({"facts": {"mine": "softmax",
-                                             "kept": ["aten._log_softmax"]}}, False)]),
-    ("03", "check_loss_scaling"): (
-        {"scaling": _SCALING},
-        [({"scaling": {**_SCALING, "65536": _UNDER}}, False),                  # divided in fp16
-         ({"scaling": {**_SCALING, "1": _OK}}, False),                         # fp32 model
-         ({"scaling": {**_SCALING, "65536": {**_OK, "rel_err": 65535.0}}}, False),  # no unscale
-         ({"scaling": {**_SCALING, "65536": {"shapes_ok": False}}}, False),
-         ({"scaling": {**_SCALING, "1024": _UNDER}}, True)]),
-    ("03", "check_saved_bytes"): (
-        {"saved_got": _SAVED, "saved_delegated": []},
-        [({"saved_got": {**_SAVED, "8 fp32": [36388, 28036]}, "saved_delegated": []}, False),
-         ({"saved_got": _SAVED, "saved_delegated": ["saved_activation_bytes"]}, False),
-         ({"saved_got": {**_SAVED, "8 bf16": [None, 15892]}, "saved_delegated": []}, False),
-         ({"saved_got": {**_SAVED, "16 bf16": [57460, 57364]}, "saved_delegated": []}, True)]),
-}
-
-
-@pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
-def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    assert_judge_decides(check_source(LAB, key[1]), *FACTS[key], name=key[1])
+#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every check of
+#: this lab is graded on hidden cases (GRADED_TESTED).
+FACTS: dict = {}
+#: The checks graded on hidden cases, each tried below on real wrong answers.
+GRADED_TESTED = ("check_amp_step", "check_dispatch_trace", "check_fp32_kind",
+                 "check_loss_scaling", "check_saved_bytes")
 
 
 # --- running the lab's cells with real answers ----------------------------------------
@@ -86,26 +41,20 @@ def check_source(path: Path, gid: str) -> str:
     return next(c.source for c in nb.cells if _nbg(c).get("grade_id") == gid)
 
 
-def _facts(check, ns: dict) -> dict:
-    """The probe's facts as they would travel to the judge (see checks.probe_source)."""
-    facts = {n: ns[n] for n in check.names if n in ns}
-    return json.loads(json.dumps(
-        facts, default=lambda o: o.tolist() if hasattr(o, "tolist") else
-        sorted(o) if isinstance(o, (set, frozenset)) else repr(o)[:500]))
-
-
-def run_lab(path: Path, answers: dict[str, str], upto: str, monkeypatch,
-            preset: str = "tiny", all_checks: bool = False) -> dict[str, object]:
+def run_lab(path: Path, answers: dict[str, str], upto: str | None, monkeypatch,
+            preset: str = "tiny", all_checks: bool = False, ns: dict | None = None
+            ) -> dict[str, object]:
     """Run a lab's graded path in this process: every code cell not tagged grading-skip,
-    in order, up to and including check ``upto``; ``answers`` replace solution cells by
-    grade_id, check cells run as probe then judge (only ``upto`` unless ``all_checks``). Returns ``check grade_id -> JudgeResult``
-    (a probe that raises is a failed check, as in grading)."""
-    from perflab.course.checks import JudgeResult
-
+    in order, up to and including check ``upto`` (None: to the end); ``answers`` replace
+    solution cells by grade_id. Check cells run as grading runs them: ``student_answer``
+    on cases drawn at seed 0, judged apart (the self-check does not run). Only ``upto``
+    runs, or every check with ``all_checks``, or none when ``upto`` is None. ``ns``
+    (filled in place) is the namespace. Returns ``check grade_id -> JudgeResult``."""
     monkeypatch.setenv("PERFLAB_PRESET", preset)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(str(path), as_version=4)
-    ns: dict = {"__name__": "__lab__", "display": lambda *a, **k: None}
+    ns = {} if ns is None else ns
+    ns.update({"__name__": "__lab__", "display": lambda *a, **k: None})
     verdicts: dict[str, object] = {}
     for cell in nb.cells:
         meta = _nbg(cell)
@@ -117,20 +66,157 @@ def run_lab(path: Path, answers: dict[str, str], upto: str, monkeypatch,
             exec(compile(answers[gid], f"<answer {gid}>", "exec"), ns)  # noqa: S102
         elif meta.get("grade") and gid:
             if gid != upto and not all_checks:
-                continue  # another check's probe: only its verdict would come of it
+                continue  # another check: only its verdict would come of it
             check = split_check(cell.source)
-            try:
-                exec(compile(check.probe, f"<probe {gid}>", "exec"), ns)  # noqa: S102
-            except Exception as e:  # noqa: BLE001 - a probe that raises fails its check
-                verdicts[gid] = JudgeResult(False, f"{type(e).__name__}: {e}")
-            else:
-                verdicts[gid] = run_judge(check, _facts(check, ns), name=gid)
+            assert check.graded is not None, f"{gid} is not graded on hidden cases"
+            verdicts[gid] = graded_verdict(check, ns, gid)
         else:
             exec(compile(cell.source, "<cell>", "exec"), ns)  # noqa: S102
-        if gid == upto:
+        if upto is not None and gid == upto:
             return verdicts
-    raise AssertionError(f"no check {upto!r} in {path.name}")
+    if upto is not None:
+        raise AssertionError(f"no check {upto!r} in {path.name}")
+    return verdicts
 
+
+@pytest.fixture(scope="module")
+def lab_ns():
+    """The namespace after the lab's graded path ran with the reference answers (no
+    check), at the tiny preset."""
+    ns: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        run_lab(LAB_PATH, {}, None, mp, ns=ns)
+        yield ns
+
+
+def _verdict(lab_ns, check: str, code: str | None = None, seed=0):
+    scope = dict(lab_ns)
+    if code is not None:
+        LAB.run_code(scope, code)
+    return LAB.judge(scope, check, seed=seed)
+
+
+@slow
+def test_reference_answers_pass_every_check(monkeypatch):
+    verdicts = run_lab(LAB_PATH, {}, "check_saved_bytes", monkeypatch, all_checks=True)
+    assert set(verdicts) == set(GRADED_TESTED)
+    assert all(v.passed for v in verdicts.values()), {
+        g: v.message for g, v in verdicts.items() if not v.passed}
+
+
+@slow
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+@pytest.mark.parametrize("check", GRADED_TESTED)
+def test_reference_passes_at_any_seed(lab_ns, check, seed):
+    verdict = _verdict(lab_ns, check, seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_every_check_is_graded_on_hidden_cases():
+    checks = {g for g in LAB.cells if g and g.startswith("check_")}
+    assert checks == set(GRADED_TESTED)
+    assert all(split_check(LAB.cells[g]).graded is not None for g in checks)
+    assert split_check(LAB.cells["check_amp_step"]).graded.forbid == ("train_step",)
+    assert split_check(LAB.cells["check_saved_bytes"]).graded.forbid == ("saved_activation_bytes",)
+
+
+def test_gradscaler_works_on_the_cpu_in_fp16():
+    """The fp16 cases grade the scaler on the CPU: torch.amp.GradScaler("cpu") is enabled
+    and skips a step whose fp16 gradients overflow (PyTorch >= 2.3)."""
+    import torch
+    from torch import nn
+
+    layer = nn.Linear(4, 2)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
+    assert scaler.is_enabled()
+    before = layer.weight.detach().clone()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = layer(torch.ones(3, 4))
+    assert out.dtype == torch.float16
+    scaler.scale(out.float().sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0 ** 39 and torch.equal(layer.weight, before)
+
+
+# --- honest answers written differently ---------------------------------------------------
+
+_STEP_ZERO_FIRST = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype):
+    optimizer.zero_grad()
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.float().detach()
+'''
+_TRACE_PYTREE = '''
+from torch.utils._pytree import tree_leaves
+
+class DtypeTrace(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.dtype.is_floating_point:
+                self.records.append((str(func.overloadpacket), leaf.dtype))
+                break
+        return out
+
+
+def trace_autocast(model, x, y, dtype):
+    trace = DtypeTrace()
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        with trace:
+            loss = F.cross_entropy(model(x), y)
+    return list(trace.records)
+'''
+_GRADS_AUTOGRAD = '''
+def fp16_grads(model, x, y, scale):
+    model.zero_grad(set_to_none=True)
+    params = list(model.parameters())
+    loss = F.mse_loss(model(x).float(), y)
+    grads = torch.autograd.grad(loss * scale, params)
+    return [g.to(torch.float32).div(scale) for g in grads]
+'''
+_SAVED_POP_PARAMS = '''
+def saved_bytes(model, x, y, dtype=None):
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    ctx = (torch.autocast(x.device.type, dtype=dtype) if dtype is not None
+           else torch.autocast(x.device.type, enabled=False))
+    with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(x), y)
+    for t in list(model.parameters()) + list(model.buffers()):
+        seen.pop(t.untyped_storage().data_ptr(), None)
+    return int(sum(seen.values()))
+'''
+#: check -> an honest answer written differently from the reference
+HONEST = {"check_amp_step": _STEP_ZERO_FIRST,
+          "check_dispatch_trace": _TRACE_PYTREE,
+          "check_fp32_kind": 'my_fp32_kind = "loss"',
+          "check_loss_scaling": _GRADS_AUTOGRAD,
+          "check_saved_bytes": _SAVED_POP_PARAMS}
+
+
+@slow
+@pytest.mark.parametrize("check", GRADED_TESTED)
+def test_honest_variant_passes(lab_ns, check):
+    verdict = _verdict(lab_ns, check, HONEST[check], seed=7)
+    assert verdict.passed, verdict.message
+
+
+# --- wrong answers ------------------------------------------------------------------------
 
 _DELEGATE_STEP = '''
 def my_amp_step(model, x, y, optimizer, scaler, dtype):
@@ -141,6 +227,44 @@ def my_amp_step(model, x, y, optimizer, scaler, dtype):
 _NO_AUTOCAST_STEP = '''
 def my_amp_step(model, x, y, optimizer, scaler, dtype):
     loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_STEP_NOT_THROUGH_SCALER = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    optimizer.step()
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_NO_SCALER_UPDATE = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_NO_ZERO_GRAD = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach().float()
+'''
+_ALWAYS_BF16_STEP = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
@@ -183,6 +307,50 @@ def trace_autocast(model, x, y, dtype):
         F.cross_entropy(model(x), y)
     return trace.records
 '''
+_TRACE_TENSORS_ONLY = '''
+class DtypeTrace(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            self.records.append((str(func.overloadpacket), out.dtype))
+        return out
+
+
+def trace_autocast(model, x, y, dtype):
+    with torch.autocast(x.device.type, dtype=dtype), DtypeTrace() as trace:
+        F.cross_entropy(model(x), y)
+    return trace.records
+'''
+_TRACE_LAST_OUTPUT = '''
+class DtypeTrace(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        floats = [t for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if floats:
+            self.records.append((str(func.overloadpacket), floats[-1].dtype))
+        return out
+
+
+def trace_autocast(model, x, y, dtype):
+    with torch.autocast(x.device.type, dtype=dtype), DtypeTrace() as trace:
+        F.cross_entropy(model(x), y)
+    return trace.records
+'''
+_TRACE_ALWAYS_BF16 = '''
+def trace_autocast(model, x, y, dtype):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16), DtypeTrace() as trace:
+        F.cross_entropy(model(x), y)
+    return trace.records
+'''
 _DIVIDE_IN_FP16 = '''
 def fp16_grads(model, x, y, scale):
     model.zero_grad(set_to_none=True)
@@ -201,6 +369,12 @@ def fp16_grads(model, x, y, scale):
     model.zero_grad(set_to_none=True)
     (F.mse_loss(model(x).float(), y) * scale).backward()
     return [p.grad.float() for p in model.parameters()]
+'''
+_SCALE_IGNORED = '''
+def fp16_grads(model, x, y, scale):
+    model.zero_grad(set_to_none=True)
+    (F.mse_loss(model(x).float(), y) * 2 ** 16).backward()
+    return [p.grad.float() / 2 ** 16 for p in model.parameters()]
 '''
 _EVERY_SAVE = '''
 def saved_bytes(model, x, y, dtype=None):
@@ -230,6 +404,24 @@ def saved_bytes(model, x, y, dtype=None):
             loss = F.cross_entropy(model(x), y)
     return sum(sizes.values())
 '''
+_SAVED_NO_AUTOCAST = '''
+def saved_bytes(model, x, y, dtype=None):
+    state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    sizes = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in state:
+            sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(x), y)
+    return sum(sizes.values()) // (2 if dtype is not None else 1)
+'''
+_SAVED_EXAMPLES_ONLY = '''
+def saved_bytes(model, x, y, dtype=None):
+    return 28036 if dtype is None else 15892
+'''
 _DELEGATE_SAVED = '''
 def saved_bytes(model, x, y, dtype=None):
     import perflab
@@ -237,35 +429,59 @@ def saved_bytes(model, x, y, dtype=None):
         return perflab.saved_activation_bytes(model, x, y).nbytes
 '''
 
-#: (answer grade_id, wrong answer, the check it must fail)
+#: name -> (the check it must fail, the wrong answer)
 WRONG = {
-    "step delegates to perflab.train_step": ("my_amp_step", _DELEGATE_STEP, "check_amp_step"),
-    "step without autocast": ("my_amp_step", _NO_AUTOCAST_STEP, "check_amp_step"),
-    "trace records input dtypes": ("dtype_trace", _INPUT_DTYPE_TRACE, "check_dispatch_trace"),
-    "trace without autocast": ("dtype_trace", _NO_AUTOCAST_TRACE, "check_dispatch_trace"),
-    "fp32 kind: normalization": ("my_fp32_kind", 'my_fp32_kind = "normalization"',
-                                 "check_fp32_kind"),
-    "unscale in fp16": ("fp16_grads", _DIVIDE_IN_FP16, "check_loss_scaling"),
-    "model run in fp32": ("fp16_grads", _FP32_MODEL, "check_loss_scaling"),
-    "no unscale": ("fp16_grads", _NO_UNSCALE, "check_loss_scaling"),
-    "every save counted": ("saved_bytes", _EVERY_SAVE, "check_saved_bytes"),
-    "parameters counted": ("saved_bytes", _WITH_PARAMS, "check_saved_bytes"),
-    "saved bytes delegates to perflab": ("saved_bytes", _DELEGATE_SAVED, "check_saved_bytes"),
+    "step without autocast": ("check_amp_step", _NO_AUTOCAST_STEP),
+    "step: optimizer.step() instead of scaler.step": ("check_amp_step", _STEP_NOT_THROUGH_SCALER),
+    "step: no scaler.update()": ("check_amp_step", _NO_SCALER_UPDATE),
+    "step: no zero_grad": ("check_amp_step", _NO_ZERO_GRAD),
+    "step: always bf16 (the bf16 example only)": ("check_amp_step", _ALWAYS_BF16_STEP),
+    "trace records input dtypes": ("check_dispatch_trace", _INPUT_DTYPE_TRACE),
+    "trace without autocast": ("check_dispatch_trace", _NO_AUTOCAST_TRACE),
+    "trace skips ops returning tuples": ("check_dispatch_trace", _TRACE_TENSORS_ONLY),
+    "trace records the last float output": ("check_dispatch_trace", _TRACE_LAST_OUTPUT),
+    "trace always in bf16 (the example only)": ("check_dispatch_trace", _TRACE_ALWAYS_BF16),
+    "fp32 kind: normalization": ("check_fp32_kind", 'my_fp32_kind = "normalization"'),
+    "fp32 kind: not a kind": ("check_fp32_kind", 'my_fp32_kind = "softmax"'),
+    "unscale in fp16": ("check_loss_scaling", _DIVIDE_IN_FP16),
+    "model run in fp32": ("check_loss_scaling", _FP32_MODEL),
+    "no unscale": ("check_loss_scaling", _NO_UNSCALE),
+    "scale ignored, always 2**16 (the example's)": ("check_loss_scaling", _SCALE_IGNORED),
+    "every save counted": ("check_saved_bytes", _EVERY_SAVE),
+    "parameters counted": ("check_saved_bytes", _WITH_PARAMS),
+    "16 bits as half of fp32": ("check_saved_bytes", _SAVED_NO_AUTOCAST),
+    "saved bytes: the examples only": ("check_saved_bytes", _SAVED_EXAMPLES_ONLY),
+}
+#: name -> (the check, an answer that only calls the perflab function it names)
+DELEGATING = {
+    "step delegates to perflab.train_step": ("check_amp_step", _DELEGATE_STEP, "train_step"),
+    "saved bytes delegates to perflab": ("check_saved_bytes", _DELEGATE_SAVED,
+                                         "saved_activation_bytes"),
 }
 
 
 @slow
-def test_reference_answers_pass_every_check(monkeypatch):
-    verdicts = run_lab(LAB, {}, "check_saved_bytes", monkeypatch, all_checks=True)
-    assert set(verdicts) == {k[1] for k in FACTS}
-    assert all(v.passed for v in verdicts.values()), {
-        g: v.message for g, v in verdicts.items() if not v.passed}
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_answer_fails_its_check(lab_ns, name, seed):
+    check, source = WRONG[name]
+    verdict = _verdict(lab_ns, check, source, seed=seed)
+    assert not verdict.passed, f"{name!r} passed {check}"
+    assert verdict.message.startswith("hidden case"), verdict.message
 
 
 @slow
-@pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_answer_fails_its_check(name, monkeypatch):
-    gid, source, check = WRONG[name]
-    verdict = run_lab(LAB, {gid: source}, check, monkeypatch)[check]
-    assert not verdict.passed, f"{name!r} passed {check}"
-    assert verdict.message
+@pytest.mark.parametrize("name", sorted(DELEGATING))
+def test_delegating_answer_fails_naming_the_function(lab_ns, name):
+    check, source, function = DELEGATING[name]
+    verdict = _verdict(lab_ns, check, source)
+    assert not verdict.passed and function in verdict.message, verdict.message
+
+
+@slow
+def test_wrong_answer_fails_when_the_lab_runs(monkeypatch):
+    """A wrong answer put in the lab's own answer cell fails its check on the graded
+    path, as in grading."""
+    verdict = run_lab(LAB_PATH, {"fp16_grads": _DIVIDE_IN_FP16}, "check_loss_scaling",
+                      monkeypatch)["check_loss_scaling"]
+    assert not verdict.passed and verdict.message.startswith("hidden case"), verdict.message

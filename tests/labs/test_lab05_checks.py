@@ -1,30 +1,31 @@
-"""Lab 05's check cells: each judge passes right facts and fails wrong ones, and real wrong
-answers — typical mistakes and answers that only delegate to perflab — fail their check
-when the lab's own cells run with them.
+"""Lab 05's graded checks on real answers: each runs as grading runs it (the student's code
+on hidden cases drawn in the grader, here in this process standing in for the kernel, the
+answers as JSON, the judge apart: tests/labs/labcheck.py). The reference solutions pass at
+several seeds, an honest answer written differently passes, and typical mistakes, answers
+written for the examples only and answers that only delegate to perflab fail.
 
 The lab's graded path (every code cell grading runs: set-up, given code, the reference
-answers) runs once per module in this process; each wrong answer then runs in a copy of
-that namespace, followed by its check's probe and judge (facts through JSON, as in
-grading). Inductor's compiles go to a temporary cache, so after the first compile of a
-function the others hit its FX graph cache.
+answers) runs once per module in this process; each answer then runs in a copy of that
+namespace, followed by its check's graded part. Inductor's compiles go to a temporary
+cache, so after the first compile of a function the others hit its FX graph cache.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import assert_judge_decides
+from tests.labs.labcheck import Lab
 from perflab.course.answers import SKIP_TAG
-from perflab.course.checks import run_judge, split_check
+from perflab.course.checks import split_check
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "solutions" / "05_torch_compile.ipynb"
+LAB_PATH = ROOT / "solutions" / "05_torch_compile.ipynb"
+LAB = Lab("05")
 
-_NB = nbformat.read(str(LAB), as_version=4)
+_NB = nbformat.read(str(LAB_PATH), as_version=4)
 
 
 def _nbg(cell) -> dict:
@@ -34,120 +35,30 @@ def _nbg(cell) -> dict:
 CHECKS = {_nbg(c)["grade_id"]: c.source for c in _NB.cells
           if _nbg(c).get("grade") and c.cell_type == "code"}
 
-
-def _facts(check, ns: dict) -> dict:
-    facts = {n: ns[n] for n in check.names if n in ns}
-    return json.loads(json.dumps(
-        facts, default=lambda o: o.tolist() if hasattr(o, "tolist") else
-        sorted(o) if isinstance(o, (set, frozenset)) else repr(o)[:500]))
-
-
-def judge_in(ns: dict, gid: str):
-    """Run check ``gid``'s probe in ``ns`` and its judge on the facts (a raising probe fails)."""
-    from perflab.course.checks import JudgeResult
-
-    check = split_check(CHECKS[gid])
-    try:
-        exec(compile(check.probe, f"<probe {gid}>", "exec"), ns)  # noqa: S102
-    except Exception as e:  # noqa: BLE001 - in grading a probe that raises fails its check
-        return JudgeResult(False, f"{type(e).__name__}: {e}")
-    return run_judge(check, _facts(check, ns), name=gid)
+#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every check of
+#: this lab is graded on hidden cases (GRADED_TESTED); the format of
+#: tests/labs/test_grading_checks.py's FACTS (which imports this table).
+FACTS: dict = {}
+#: The checks graded on hidden cases, each tried below on real wrong answers.
+GRADED_TESTED = ("check_find_breaks", "check_scorer_nobreak", "check_count_graphs",
+                 "check_no_recompiles", "check_generated_kernels")
 
 
-# --- judges on hand-made facts ---------------------------------------------------------
-
-_LINES = ["if torch.isnan(s).any():", "peak = s.abs().max().item()"]
-_B = {"graphs": 3, "breaks": 2, "lines": _LINES}
-_B0 = {"graphs": 1, "breaks": 0, "lines": []}
-_B1 = {"graphs": 2, "breaks": 1, "lines": ["n = len([v for v in x.sum(-1).tolist() if v > 0])"]}
-
-
-def _bcase(mine, ref, delegated=()):
-    return {"mine": mine, "ref": ref, "delegated": list(delegated)}
-
-
-_BREAKS = {"Scorer": _bcase(_B, _B), "no_break": _bcase(_B0, _B0), "to_list": _bcase(_B1, _B1)}
-_COUNTS = {"graphs": 1, "frames": 1, "breaks": 0, "unsupported": 0}
-_GRAPHS = {"one shape": {"mine": 1, "ref": 1, "delegated": []},
-           "two shapes": {"mine": 2, "ref": 2, "delegated": []},
-           "four shapes": {"mine": 2, "ref": 2, "delegated": []},
-           "dtypes": {"mine": 2, "ref": 2, "delegated": []},
-           "widths": {"mine": 2, "ref": 2, "delegated": []}}
-_DYN = {"normalize_rows": {"graphs": 1, "calls": 4, "same": [True] * 4, "delegated": []},
-        "softmax": {"graphs": 1, "calls": 3, "same": [True] * 3, "delegated": []}}
-_K1 = ["cpp_fused_add_gelu_mul_native_layer_norm_tanh_0"]
-_K2 = ["cpp_fused_add_mul_relu_0", "cpp_fused_add_tanh_1"]
-_K3 = ["cpp_fused__softmax_cos_mul_sin_0"]
-_KERNELS = {"pointwise_chain": {"mine": _K1, "ref": _K1, "delegated": []},
-            "act_matmul_act": {"mine": _K2, "ref": _K2, "delegated": []},
-            "scaled_softmax": {"mine": _K3, "ref": _K3, "delegated": []}}
-
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]), the
-#: format of tests/labs/test_grading_checks.py's FACTS (which can import this table)
-FACTS = {
-    ("05", "check_find_breaks"): (
-        {"breaks_got": _BREAKS},
-        [({"breaks_got": {**_BREAKS, "Scorer": _bcase(_B, _B, ["graph_breaks"])}}, False),
-         ({"breaks_got": {**_BREAKS, "Scorer": _bcase({**_B, "breaks": 3}, _B)}}, False),
-         ({"breaks_got": {**_BREAKS, "Scorer": _bcase({**_B, "graphs": 2}, _B)}}, False),
-         ({"breaks_got": {**_BREAKS, "Scorer": _bcase({**_B, "lines": ["generic_jump"] * 2},
-                                                      _B)}}, False),
-         ({"breaks_got": {**_BREAKS, "Scorer": _bcase({"returned": "(3, 2)"}, _B)}}, False),
-         ({"breaks_got": {**_BREAKS, "to_list": _bcase(_B0, _B1)}}, True)]),
-    ("05", "check_scorer_nobreak"): (
-        {"nobreak_counts": _COUNTS, "nobreak_same": [True] * 3},
-        [({"nobreak_counts": {**_COUNTS, "graphs": 5, "frames": 5, "breaks": 2,
-                              "unsupported": 1}, "nobreak_same": [True] * 3}, False),
-         ({"nobreak_counts": {**_COUNTS, "graphs": 0, "frames": 0},
-           "nobreak_same": [True] * 3}, False),
-         ({"nobreak_counts": {**_COUNTS, "frames": 2}, "nobreak_same": [True] * 3}, False),
-         ({"nobreak_counts": _COUNTS, "nobreak_same": [True, True, False]}, False)]),
-    ("05", "check_count_graphs"): (
-        {"graphs_got": _GRAPHS},
-        [({"graphs_got": {**_GRAPHS, "four shapes": {"mine": 4, "ref": 2, "delegated": []}}},
-          False),
-         ({"graphs_got": {**_GRAPHS, "one shape": {"mine": 1, "ref": 1,
-                                                    "delegated": ["count_compiles"]}}}, False),
-         ({"graphs_got": {**_GRAPHS, "dtypes": {"mine": 1, "ref": 2, "delegated": []}}}, True)]),
-    ("05", "check_no_recompiles"): (
-        {"dynamic_got": _DYN},
-        [({"dynamic_got": {**_DYN, "normalize_rows": {**_DYN["normalize_rows"], "graphs": 2}}},
-          False),
-         ({"dynamic_got": {**_DYN, "normalize_rows": {**_DYN["normalize_rows"], "graphs": 0}}},
-          False),
-         ({"dynamic_got": {**_DYN, "normalize_rows": {**_DYN["normalize_rows"],
-                                                      "same": [True, False, True, True]}}},
-          False),
-         ({"dynamic_got": {**_DYN, "normalize_rows": {**_DYN["normalize_rows"], "same": []}}},
-          False),
-         ({"dynamic_got": {**_DYN, "normalize_rows": {**_DYN["normalize_rows"],
-                                                      "delegated": ["count_compiles"]}}}, False),
-         ({"dynamic_got": {**_DYN, "softmax": {**_DYN["softmax"], "graphs": 2}}}, True)]),
-    ("05", "check_generated_kernels"): (
-        {"kernels_got": _KERNELS},
-        [({"kernels_got": {**_KERNELS, "pointwise_chain": {"mine": _K1 * 2, "ref": _K1,
-                                                           "delegated": []}}}, False),
-         ({"kernels_got": {**_KERNELS, "act_matmul_act": {"mine": ["async_compile", *_K2],
-                                                          "ref": _K2, "delegated": []}}}, False),
-         ({"kernels_got": {**_KERNELS, "pointwise_chain": {"mine": _K1, "ref": _K1,
-                                                           "delegated": ["generated_code"]}}},
-          False),
-         ({"kernels_got": {**_KERNELS, "pointwise_chain": {"mine": "1", "ref": _K1,
-                                                           "delegated": []}}}, False),
-         ({"kernels_got": {**_KERNELS, "act_matmul_act": {"mine": _K2[::-1], "ref": _K2,
-                                                          "delegated": []}}}, False),
-         ({"kernels_got": {**_KERNELS, "scaled_softmax": {"mine": [], "ref": _K3,
-                                                          "delegated": []}}}, True)]),
-}
-
-
-@pytest.mark.parametrize("key", sorted(FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
-def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    assert_judge_decides(CHECKS[key[1]], *FACTS[key], name=key[1])
+def judge_in(ns: dict, gid: str, seed=0):
+    """Check ``gid`` graded as in grading on the answers in ``ns``: its
+    ``student_answer`` on the cases drawn at ``seed``, the judge apart."""
+    return LAB.judge(ns, gid, seed=seed)
 
 
 def test_every_check_has_judge_tests():
-    assert {("05", gid) for gid in CHECKS} == set(FACTS)
+    assert {("05", gid) for gid in CHECKS} == set(FACTS) | {("05", g) for g in GRADED_TESTED}
+    assert all(split_check(CHECKS[g]).graded is not None for g in GRADED_TESTED)
+    forbid = {g: split_check(CHECKS[g]).graded.forbid for g in GRADED_TESTED}
+    assert forbid == {"check_find_breaks": ("graph_breaks", "count_compiles"),
+                      "check_scorer_nobreak": (),
+                      "check_count_graphs": ("count_compiles",),
+                      "check_no_recompiles": ("count_compiles",),
+                      "check_generated_kernels": ("generated_code", "kernel_summary")}
 
 
 # --- the lab's own cells with real answers ---------------------------------------------
@@ -276,26 +187,124 @@ def generated_kernels(fn, *args):
     return []
 '''
 
+_SCORER_EXAMPLES_ONLY = '''
+def find_breaks(fn, *args):
+    e = torch._dynamo.explain(fn)(*args)
+    if e.graph_break_count == 0:
+        return {"graphs": 1, "breaks": 0, "lines": []}
+    return {"graphs": 3, "breaks": 2,
+            "lines": ["if torch.isnan(s).any():", "peak = s.abs().max().item()"]}
+'''
+_CLAMPS_ONLY_FOR_EXAMPLES = '''
+class ScorerNoBreak(Scorer):
+    def forward(self, x):
+        s = torch.nan_to_num(self.proj(x).squeeze(-1), nan=0.0)
+        return torch.tanh(s / torch.clamp(s.abs().max(), min=0.05)) * 2
+'''
+_COUNT_RECOMPILES = '''
+def count_graphs(fn, batches):
+    shapes = [tuple(b.shape) for b in batches]
+    return 1 if len(set(shapes)) == 1 else 2
+'''
+_NO_CLEAR = '''
+from torch._dynamo.utils import counters
+
+def count_graphs(fn, batches):
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager")
+    for b in batches:
+        compiled(b)
+    return counters["stats"]["unique_graphs"]
+'''
+_RESET_PER_BATCH = '''
+def run_without_recompiles(fn, batches):
+    compiled = torch.compile(fn, backend="eager")
+    outs = []
+    for b in batches:
+        outs.append(compiled(b))
+        torch._dynamo.reset()
+    return outs
+'''
+
 #: name -> (wrong answer, the check it must fail)
 WRONG = {
-    "breaks: delegates to perflab.graph_breaks": (_DELEGATE_BREAKS, "check_find_breaks"),
     "breaks: graph count as break count": (_BREAKS_ARE_GRAPHS, "check_find_breaks"),
     "breaks: reason text, not the source line": (_REASON_TEXT, "check_find_breaks"),
     "breaks: hard-coded for Scorer": (_HARD_CODED, "check_find_breaks"),
+    "breaks: the examples' answers only": (_SCORER_EXAMPLES_ONLY, "check_find_breaks"),
     "no-break: the original forward": (_STILL_BREAKS, "check_scorer_nobreak"),
     "no-break: forward hidden from dynamo": (_DISABLED, "check_scorer_nobreak"),
     "no-break: always divides by the peak": (_ALWAYS_DIVIDES, "check_scorer_nobreak"),
+    "no-break: clamps at 0.05, not 1": (_CLAMPS_ONLY_FOR_EXAMPLES,
+                                                        "check_scorer_nobreak"),
     "count: distinct shapes": (_COUNT_SHAPES, "check_count_graphs"),
     "count: no reset": (_NO_RESET, "check_count_graphs"),
-    "count: delegates to perflab.count_compiles": (_DELEGATE_COUNT, "check_count_graphs"),
+    "count: counters not cleared": (_NO_CLEAR, "check_count_graphs"),
+    "count: the examples' rule (1 or 2)": (_COUNT_RECOMPILES, "check_count_graphs"),
     "dynamic: plain compile": (_PLAIN_COMPILE, "check_no_recompiles"),
     "dynamic: marks the wrong dimension": (_WRONG_DIM, "check_no_recompiles"),
     "dynamic: not compiled": (_EAGER_ONLY, "check_no_recompiles"),
+    "dynamic: a fresh compile per batch": (_RESET_PER_BATCH, "check_no_recompiles"),
     "kernels: every mention of a kernel": (_EVERY_MENTION, "check_generated_kernels"),
     "kernels: every call in call()": (_CALL_SITES, "check_generated_kernels"),
-    "kernels: delegates to perflab": (_DELEGATE_KERNELS, "check_generated_kernels"),
     "kernels: nothing compiled": (_NOT_COMPILED, "check_generated_kernels"),
 }
+#: name -> (an answer that only calls the perflab function it names, the check)
+DELEGATING = {
+    "breaks: delegates to perflab.graph_breaks": (_DELEGATE_BREAKS, "check_find_breaks",
+                                                  "graph_breaks"),
+    "count: delegates to perflab.count_compiles": (_DELEGATE_COUNT, "check_count_graphs",
+                                                   "count_compiles"),
+    "kernels: delegates to perflab": (_DELEGATE_KERNELS, "check_generated_kernels",
+                                      "generated_code"),
+}
+
+_BREAKS_BY_GRAPHS = '''
+def find_breaks(fn, *args):
+    out = torch._dynamo.explain(fn)(*args)
+    lines = []
+    for reason in out.break_reasons:
+        stack = reason.user_stack or []
+        text = stack[-1].line if stack else ""
+        lines.append(text.strip() if text else "")
+    return dict(graphs=len(out.graphs), breaks=len(out.break_reasons), lines=lines)
+'''
+_NOBREAK_CLAMP_METHOD = '''
+class ScorerNoBreak(Scorer):
+    def forward(self, x):
+        s = self.proj(x).squeeze(-1).nan_to_num(nan=0.0)
+        return (s / s.abs().amax().clamp(min=1.0)).tanh() * 2
+'''
+_COUNT_COMPILER_RESET = '''
+import torch._dynamo.utils
+
+def count_graphs(fn, batches):
+    torch.compiler.reset()
+    torch._dynamo.utils.counters.clear()
+    step = torch.compile(fn, backend="eager")
+    for batch in batches:
+        step(batch)
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+'''
+_KERNELS_BY_LINES = '''
+from torch._inductor.utils import run_and_get_code
+
+def generated_kernels(fn, *args):
+    _, codes = run_and_get_code(torch.compile(fn), *args)
+    names = []
+    for code in codes:
+        for line in code.splitlines():
+            head, sep, _ = line.partition(" = async_compile.")
+            if sep and head.isidentifier() and head not in names:
+                names.append(head)
+    return names
+'''
+#: check -> an honest answer written differently from the reference
+HONEST = {"check_find_breaks": _BREAKS_BY_GRAPHS,
+          "check_scorer_nobreak": _NOBREAK_CLAMP_METHOD,
+          "check_count_graphs": _COUNT_COMPILER_RESET,
+          "check_no_recompiles": _DYNAMIC_TRUE,
+          "check_generated_kernels": _KERNELS_BY_LINES}
 
 
 @slow
@@ -307,10 +316,27 @@ def test_reference_answers_pass_every_check(lab_ns):
 
 
 @slow
+@pytest.mark.parametrize("seed", [1, "grade:ada"])
+@pytest.mark.parametrize("check", GRADED_TESTED)
+def test_reference_passes_at_other_seeds(lab_ns, check, seed):
+    verdict = judge_in(dict(lab_ns), check, seed=seed)
+    assert verdict.passed, verdict.message
+
+
+@slow
 def test_dynamic_true_also_passes(lab_ns):
     ns = dict(lab_ns)
     exec(compile(_DYNAMIC_TRUE, "<answer>", "exec"), ns)  # noqa: S102
     verdict = judge_in(ns, "check_no_recompiles")
+    assert verdict.passed, verdict.message
+
+
+@slow
+@pytest.mark.parametrize("check", GRADED_TESTED)
+def test_honest_variant_passes(lab_ns, check):
+    ns = dict(lab_ns)
+    exec(compile(HONEST[check], "<answer>", "exec"), ns)  # noqa: S102
+    verdict = judge_in(ns, check, seed=7)
     assert verdict.passed, verdict.message
 
 
@@ -322,4 +348,14 @@ def test_wrong_answer_fails_its_check(name, lab_ns):
     exec(compile(source, f"<answer {name}>", "exec"), ns)  # noqa: S102
     verdict = judge_in(ns, gid)
     assert not verdict.passed, f"{name!r} passed {gid}"
-    assert verdict.message
+    assert verdict.message.startswith("hidden case"), verdict.message
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(DELEGATING))
+def test_delegating_answer_fails_naming_the_function(name, lab_ns):
+    source, gid, function = DELEGATING[name]
+    ns = dict(lab_ns)
+    exec(compile(source, f"<answer {name}>", "exec"), ns)  # noqa: S102
+    verdict = judge_in(ns, gid)
+    assert not verdict.passed and function in verdict.message, verdict.message
