@@ -1,18 +1,18 @@
-"""Run a lab's real check cells on wrong answers: the probe runs the (wrong) student code
-in this process, its facts travel as JSON exactly as in grading, the judge decides.
+"""Run a lab's real check cells on wrong answers, as grading runs them: the hidden cases
+drawn apart, the (wrong) student code's ``student_answer`` in this process, its answers
+as JSON, the judge apart.
 
 Used by the tests/labs/test_labNN_checks.py files and tests/labs/test_grading_checks.py.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import nbformat
 
 from perflab.course.cases import draw_cases, judge_answers
 from perflab.course.checks import (CheckCell, JudgeResult, graded_functions, graded_probe,
-                                   parse_facts, run_judge, split_check)
+                                   parse_facts, split_check)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,23 +47,17 @@ class Lab:
     def solution(self, gid: str) -> str:
         return self.cells[gid]
 
-    def judge(self, ns: dict, check_gid: str, seed: int | str = 0):
-        """Run the check's probe in ``ns`` and its judge on the facts (JSON round trip).
-        A graded check (hidden cases) runs as grading runs it: its ``answer`` in ``ns``
-        on cases drawn at ``seed``, its ``cases`` and ``judge`` apart, answers as JSON."""
+    def judge(self, ns: dict, check_gid: str, seed: int | str = 0) -> JudgeResult:
+        """Run a check as grading runs it: its ``student_answer`` in ``ns`` on cases drawn
+        at ``seed``, its ``hidden_cases`` and ``judge_answer`` apart, answers as JSON.
+
+        Raises:
+            ValueError: the check has no graded part.
+        """
         check = split_check(self.cells[check_gid])
-        if check.graded is not None:
-            return graded_verdict(check, ns, check_gid, seed)
-        if check.probe.strip():
-            try:
-                exec(compile(check.probe, f"<probe {check_gid}>", "exec"), ns)
-            except Exception as e:  # noqa: BLE001 - in grading a probe that raises fails
-                return JudgeResult(False, f"the probe raised {type(e).__name__}: {e}")
-        facts = {n: ns[n] for n in check.names if n in ns}
-        facts = json.loads(json.dumps(facts, default=lambda o: o.tolist() if hasattr(o, "tolist")
-                                      else sorted(o) if isinstance(o, (set, frozenset))
-                                      else repr(o)[:500]))
-        return run_judge(check, facts, name=check_gid)
+        if check.graded is None:
+            raise ValueError(f"{check_gid} has no graded part (### GRADED)")
+        return graded_verdict(check, ns, check_gid, seed)
 
 
 def graded_verdict(check: CheckCell, ns: dict, name: str, seed: int | str = 0) -> JudgeResult:
@@ -83,20 +77,6 @@ def graded_verdict(check: CheckCell, ns: dict, name: str, seed: int | str = 0) -
         return JudgeResult(False, why)
     outcome = judge_answers(judge, cases, facts)
     return JudgeResult(outcome.passed, outcome.message, hidden=not outcome.passed)
-
-
-def assert_judge_decides(source: str, right: dict, wrongs: list[tuple[dict, bool]],
-                         name: str) -> None:
-    """The judge of check cell ``source`` passes ``right`` and fails every wrong facts
-    dict with a message, from a hidden test exactly when its flag says so. Facts make
-    the JSON round trip they make in grading."""
-    check = split_check(source)
-    verdict = run_judge(check, json.loads(json.dumps(right)), name=name)
-    assert verdict.passed, verdict.message
-    for wrong, hidden in wrongs:
-        verdict = run_judge(check, json.loads(json.dumps(wrong)), name=name)
-        assert not verdict.passed and verdict.hidden == hidden, (wrong, verdict)
-        assert verdict.message
 
 
 def grade_reference_and_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str, new: str,

@@ -1,69 +1,35 @@
-"""Every check cell of solutions/: in the probe / judge format, its judge passes on right
-facts and fails on wrong ones (no kernel: judges run on plain JSON values, as in grading);
-a graded check (hidden cases, perflab.course.cases) is tried on real wrong answers in its
-lab's test file. No graded part, judge or reference reaches labs/.
+"""Every check cell of solutions/ is graded on hidden cases (perflab.course.cases) and is
+tried on real wrong answers in its lab's test file; no graded part, judge or reference
+reaches labs/; no judge reads a live clock.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import nbformat
-import pytest
 
-from tests.labs.labcheck import assert_judge_decides
 from perflab.course.answers import assemble, autograded
 from perflab.course.checks import split_check
 
 ROOT = Path(__file__).resolve().parents[2]
-INF = math.inf
 
 
-#: (lab, grade_id) -> (right facts, [(wrong facts, the failure is a hidden test)]) for
-#: checks still in the probe / judge format; the labs' own files judge theirs.
-FACTS: dict = {}
-OWN_FACTS = dict(FACTS)
-from tests.labs.test_lab09_checks import FACTS_09  # noqa: E402 - Lab 09's facts live beside its code tests
 
-FACTS.update(FACTS_09)
-from tests.labs.test_lab06_checks import FACTS_06  # noqa: E402 - Lab 06's facts live beside its code tests
-
-FACTS.update(FACTS_06)
-from tests.labs.test_lab07_checks import FACTS_07  # noqa: E402 - Lab 07's facts live beside its code tests
-
-FACTS.update(FACTS_07)
-from tests.labs.test_lab05_checks import FACTS as FACTS_05  # noqa: E402 - Lab 05's facts live beside its code tests
-
-FACTS.update(FACTS_05)
-from tests.labs.test_lab03_checks import FACTS as FACTS_03  # noqa: E402 - Labs 03/04's facts live beside
-from tests.labs.test_lab04_checks import FACTS as FACTS_04  # noqa: E402 - their real-answer tests
-
-FACTS.update(FACTS_03)
-FACTS.update(FACTS_04)
-from tests.labs.test_lab08_checks import FACTS as FACTS_08  # noqa: E402 - Lab 08's facts live beside its tests
-
-FACTS.update(FACTS_08)
-from tests.labs.test_lab01_checks import CHECKS_TESTED as REAL_01  # noqa: E402 - Labs 01/02: judges
-from tests.labs.test_lab02_checks import CHECKS_TESTED as REAL_02  # noqa: E402 - run on real answers' facts
-from tests.labs.test_lab00_checks import CHECKS_TESTED as REAL_00  # noqa: E402 - graded checks
-#: Checks whose wrong answers run through the real probes in their own test files.
-REAL_ANSWERS = {("01", g) for g in REAL_01} | {("02", g) for g in REAL_02} | \
-    {("00", g) for g in REAL_00}
-
-
-def _graded_tested() -> set[tuple[str, str]]:
-    """Graded checks (hidden cases) whose lab test file tries them on real wrong answers:
-    its ``GRADED_TESTED`` tuple of grade_ids."""
+def _real_answers() -> set[tuple[str, str]]:
+    """(lab, grade_id) of the checks whose lab test file runs real wrong answers through
+    them: its ``CHECKS_TESTED`` (Labs 00-02) or ``GRADED_TESTED`` (Labs 03-09)."""
     import importlib
 
     out = set()
-    for lab in ("03", "04", "05", "06", "07", "08", "09"):
-        module = importlib.import_module(f"tests.labs.test_lab{lab}_checks")
-        out |= {(lab, g) for g in getattr(module, "GRADED_TESTED", ())}
+    for path in sorted((ROOT / "tests" / "labs").glob("test_lab[0-9][0-9]_checks.py")):
+        lab = path.stem[len("test_lab"):][:2]
+        module = importlib.import_module(f"tests.labs.{path.stem}")
+        names = getattr(module, "GRADED_TESTED", None) or getattr(module, "CHECKS_TESTED", ())
+        out |= {(lab, g) for g in names}
     return out
 
 
-REAL_ANSWERS |= _graded_tested()
+REAL_ANSWERS = _real_answers()
 
 
 def _checks() -> dict[tuple[str, str], str]:
@@ -81,14 +47,12 @@ def _checks() -> dict[tuple[str, str], str]:
 CHECKS = _checks()
 
 
-def test_every_check_has_right_and_wrong_facts():
-    # every check grades a student's answer: none only checks the lab's own machinery
-    assert set(CHECKS) == set(FACTS) | REAL_ANSWERS
-
-
-@pytest.mark.parametrize("key", sorted(OWN_FACTS), ids=lambda k: f"{k[0]}-{k[1]}")
-def test_judge_passes_right_facts_and_fails_wrong_ones(key):
-    assert_judge_decides(CHECKS[key], *OWN_FACTS[key], name=key[1])
+def test_every_check_is_graded_on_hidden_cases_and_tried_on_wrong_answers():
+    # every check grades the student's answers on hidden cases (no judge ships in
+    # labs/), and its lab's test file runs real wrong answers through it
+    old = [key for key, src in CHECKS.items() if split_check(src).graded is None]
+    assert old == [], f"checks still in the probe / judge format: {old}"
+    assert set(CHECKS) == REAL_ANSWERS
 
 
 def test_no_check_grades_a_live_timing():

@@ -22,9 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB_PATH = ROOT / "solutions" / "03_mixed_precision.ipynb"
 LAB = Lab("03")
 
-#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every check of
-#: this lab is graded on hidden cases (GRADED_TESTED).
-FACTS: dict = {}
 #: The checks graded on hidden cases, each tried below on real wrong answers.
 GRADED_TESTED = ("check_amp_step", "check_dispatch_trace", "check_fp32_kind",
                  "check_loss_scaling", "check_saved_bytes")

@@ -21,9 +21,6 @@ from perflab.course.checks import split_check
 ROOT = Path(__file__).resolve().parents[2]
 LAB = Lab("04")
 
-#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every check of
-#: this lab is graded on hidden cases (GRADED_TESTED).
-FACTS: dict = {}
 #: The checks graded on hidden cases, each tried below on real wrong answers.
 GRADED_TESTED = ("check_checkpointed_forward", "check_predict_segments", "check_memory_peak",
                  "check_accumulate", "check_largest_batch")

@@ -35,10 +35,6 @@ def _nbg(cell) -> dict:
 CHECKS = {_nbg(c)["grade_id"]: c.source for c in _NB.cells
           if _nbg(c).get("grade") and c.cell_type == "code"}
 
-#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every check of
-#: this lab is graded on hidden cases (GRADED_TESTED); the format of
-#: tests/labs/test_grading_checks.py's FACTS (which imports this table).
-FACTS: dict = {}
 #: The checks graded on hidden cases, each tried below on real wrong answers.
 GRADED_TESTED = ("check_find_breaks", "check_scorer_nobreak", "check_count_graphs",
                  "check_no_recompiles", "check_generated_kernels")
@@ -51,7 +47,7 @@ def judge_in(ns: dict, gid: str, seed=0):
 
 
 def test_every_check_has_judge_tests():
-    assert {("05", gid) for gid in CHECKS} == set(FACTS) | {("05", g) for g in GRADED_TESTED}
+    assert {("05", gid) for gid in CHECKS} == {("05", g) for g in GRADED_TESTED}
     assert all(split_check(CHECKS[g]).graded is not None for g in GRADED_TESTED)
     forbid = {g: split_check(CHECKS[g]).graded.forbid for g in GRADED_TESTED}
     assert forbid == {"check_find_breaks": ("graph_breaks", "count_compiles"),

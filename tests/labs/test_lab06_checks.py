@@ -27,9 +27,6 @@ from perflab.distributed import launch_fn
 LAB = Lab("06")
 CHECK_SIZES, CHECK_CAP_MB, CHECK_STEPS = [16, 32, 32, 8], 1184 / 2**20, 3
 
-#: (lab, grade_id) -> (right facts, [(wrong facts, hidden)]): none left, every Lab 06
-#: check is graded on hidden cases (GRADED_TESTED).
-FACTS_06: dict = {}
 GRADED_TESTED = ("check_fit_alpha_beta", "check_per_param", "check_my_ddp",
                  "check_fp16_hook", "check_overlap_efficiency")
 

@@ -21,9 +21,6 @@ from perflab.analysis.stragglers import straggler_recording
 from perflab.course.checks import split_check
 
 LAB = Lab("07")
-#: Every check of the lab is graded on hidden cases now: no facts table is left (the name
-#: stays for tests/labs/test_grading_checks.py, which merges it).
-FACTS_07: dict = {}
 GRADED_TESTED = ("check_prediction", "check_gather", "check_detector_recorded",
                  "check_detector_live", "check_rebalance")
 SEEDS = [0, 1, "grade:ada"]

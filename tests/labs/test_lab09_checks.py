@@ -24,9 +24,6 @@ from perflab.labs.lab09 import sharding_rank, unsharded_adamw
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
 NB = Lab("09")
-#: Every check of the lab is graded on hidden cases now: no facts table is left (the name
-#: stays for tests/labs/test_grading_checks.py, which merges it).
-FACTS_09: dict = {}
 GRADED_TESTED = ("check_state_bytes", "check_zero1", "check_predict_bytes",
                  "check_error_feedback")
 SEEDS = [0, 1, "grade:ada"]
