@@ -212,6 +212,8 @@ class CaseOutcome:
     """What the student may see: which hidden case failed and how, never the case."""
     failed_case: int | None = None
     """1-based index of the first hidden case that failed (None: none did)."""
+    tampered: bool = False
+    """The answers record was malformed or had the wrong length: tampered or crashed."""
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -231,11 +233,13 @@ def judge_answers(judge: Callable[[Any, Any], None], cases: list, facts: Any) ->
     if not isinstance(facts, dict) or not isinstance(facts.get("got"), list) \
             or not isinstance(facts.get("delegated", []), list):
         return CaseOutcome(False, "the answers record is malformed (tampered or crashed)",
-                           "your answers could not be read (tampered or crashed)")
+                           "your answers could not be read (tampered or crashed)",
+                           tampered=True)
     got = facts["got"]
     if len(got) != n:
         return CaseOutcome(False, f"{len(got)} answers for {n} cases (tampered or crashed)",
-                           "your answers could not be read (tampered or crashed)")
+                           "your answers could not be read (tampered or crashed)",
+                           tampered=True)
     delegated = [str(d)[:80] for d in facts.get("delegated", [])]
     if delegated:
         why = (f"the graded call ran perflab's {', '.join(delegated)}: the exercise asks "
@@ -246,7 +250,7 @@ def judge_answers(judge: Callable[[Any, Any], None], cases: list, facts: Any) ->
             return CaseOutcome(False, f"hidden case {k}/{n}: malformed answer record "
                                f"{_short(rec)} (tampered)",
                                f"hidden case {k} of {n}: your answer could not be read",
-                               k)
+                               k, tampered=True)
         if "error" in rec:
             kind = str(rec["error"]).split(":", 1)[0][:60]
             return CaseOutcome(False, f"hidden case {k}/{n} {_short(case)}: the student's "

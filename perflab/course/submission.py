@@ -349,7 +349,7 @@ def _score(grade: LabGrade, assembled, graded: dict[str, float], records: list[d
             continue
         if gid in assembled.judges:
             outcome = judge_answers(assembled.judges[gid], assembled.cases[gid], facts)
-            if not outcome.passed and outcome.message.endswith("(tampered or crashed)"):
+            if outcome.tampered:
                 grade.flags.append(Flag(gid, 0, f"answers record: {outcome.message}"))
             grade.checks.append(CheckResult(
                 gid, pts, pts if outcome.passed else 0.0,

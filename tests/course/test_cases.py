@@ -58,7 +58,8 @@ def test_wrong_answers_fail_naming_the_hidden_case_not_its_answer():
 ])
 def test_malformed_short_or_empty_records_never_pass(facts):
     cases = draw_cases(_cases, 3)
-    assert not judge_answers(_judge, cases, facts).passed
+    out = judge_answers(_judge, cases, facts)
+    assert not out.passed and out.tampered
 
 
 def test_answer_cases_prints_one_record_of_raw_values(capsys):
