@@ -136,50 +136,18 @@ def draw_cases(cases: Callable[[random.Random], Iterable], seed: int | str) -> l
     return drawn
 
 
-class _Spy:
-    """Record calls to given functions' code objects while active (sys.setprofile):
-    whatever name, default argument or closure reached them. A class is watched through
-    the ``__init__``/``__call__`` it defines in Python. Code objects are matched by
-    identity (a code object whose constants hold a dict cannot be hashed: dynamo makes
-    such frames)."""
+@contextlib.contextmanager
+def _spy(names: Iterable[str]) -> Iterator[list[str]]:
+    """The forbidden names that ran inside the block, however reached
+    (:func:`perflab.labs.checking.watch_calls`); perflab is imported only when asked."""
+    names = list(names)
+    if not names:
+        yield []
+        return
+    from perflab.labs.checking import resolve, watch_calls
 
-    def __init__(self, names: Iterable[str]) -> None:
-        self.codes: dict[int, str] = {}
-        self._keep: list[Any] = []  # the code objects, alive while their ids are used
-        self.hits: list[str] = []
-        if names:
-            from perflab.labs.checking import resolve  # perflab loaded only when asked
-
-            for name in names:
-                obj = resolve(name)
-                targets = [obj]
-                if isinstance(obj, type):
-                    targets = [obj.__dict__[m] for m in ("__init__", "__call__", "__new__")
-                               if m in obj.__dict__]
-                for fn in targets:
-                    fn = getattr(fn, "__func__", fn)
-                    while hasattr(fn, "__wrapped__"):
-                        fn = fn.__wrapped__
-                    code = getattr(fn, "__code__", None)
-                    if code is not None:
-                        self.codes[id(code)] = name
-                        self._keep.append(code)
-
-    def _profile(self, frame, event, arg) -> None:
-        if event == "call":
-            name = self.codes.get(id(frame.f_code))
-            if name is not None and name not in self.hits:
-                self.hits.append(name)
-
-    def __enter__(self) -> "_Spy":
-        if self.codes:
-            self._old = sys.getprofile()
-            sys.setprofile(self._profile)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.codes:
-            sys.setprofile(self._old)
+    with watch_calls({name: resolve(name) for name in names}) as hits:
+        yield hits
 
 
 def _answer_one(answer: Callable[[Any], Any], case: Any) -> dict:
@@ -196,9 +164,9 @@ def answer_cases(answer: Callable[[Any], Any], cases_json: str, *,
     {"error": "Type: message"}, ...], "delegated": [names of forbidden functions that
     ran]}``. Nothing is decided here: the grader judges the values."""
     cases = json.loads(cases_json)
-    with _Spy(forbid) as spy:
+    with _spy(forbid) as delegated:
         got = [_answer_one(answer, case) for case in cases]
-    print(FACTS_MARKER + json.dumps({"got": got, "delegated": spy.hits}), flush=True)
+    print(FACTS_MARKER + json.dumps({"got": got, "delegated": delegated}), flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,8 +247,8 @@ def run_cases(cases: Callable[[random.Random], Iterable], answer: Callable[[Any]
         AssertionError: a case failed, with the instructor's message.
     """
     drawn = draw_cases(cases, seed)
-    with _Spy(list(forbid)) as spy:
+    with _spy(forbid) as delegated:
         got = [_answer_one(answer, case) for case in drawn]
-    outcome = judge_answers(judge, drawn, _round_trip({"got": got, "delegated": spy.hits}))
+    outcome = judge_answers(judge, drawn, _round_trip({"got": got, "delegated": delegated}))
     assert outcome.passed, outcome.message
     print(f"PASS (graded part): {len(drawn)} case{'' if len(drawn) == 1 else 's'} drawn at seed {seed}")

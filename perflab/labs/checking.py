@@ -1,4 +1,6 @@
-"""``calls_to``: record calls to public perflab functions while a block runs.
+"""Spies on public perflab functions while a block runs: :func:`calls_to` (by patching
+the names a caller can reach) and :func:`watch_calls` (by code object, ``sys.setprofile``:
+however the function is reached). :func:`resolve` turns a name into the object.
 
 A check cell uses it to fail an answer that only delegates to the perflab helper the
 exercise asks the student to write themselves::
@@ -19,10 +21,11 @@ the defining module spelled out in the notebook; this finds it from the modules'
 from __future__ import annotations
 
 import importlib
+import sys
 from contextlib import contextmanager
-from typing import Any, Iterator, MutableMapping
+from typing import Any, Iterator, Mapping, MutableMapping
 
-__all__ = ["calls_to", "resolve"]
+__all__ = ["calls_to", "watch_calls", "resolve"]
 
 
 @contextmanager
@@ -87,6 +90,59 @@ def calls_to(*names: str, namespace: MutableMapping[str, Any] | None = None
                 setattr(owner, attr, old)
             else:
                 delattr(owner, attr)
+
+
+def _codes(obj: Any) -> list[Any]:
+    """The Python code objects that run when ``obj`` is called: a function's (unwrapped),
+    a class's own ``__init__``/``__call__``/``__new__``. C functions have none."""
+    targets = [obj]
+    if isinstance(obj, type):
+        targets = [obj.__dict__[m] for m in ("__init__", "__call__", "__new__")
+                   if m in obj.__dict__]
+    out = []
+    for fn in targets:
+        fn = getattr(fn, "__func__", fn)
+        while hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            out.append(code)
+    return out
+
+
+@contextmanager
+def watch_calls(targets: Mapping[str, Any]) -> Iterator[list[str]]:
+    """Record which of ``targets`` (label -> function or class) run inside the block, in
+    this thread, however they are reached: an alias, a default argument, a closure, an
+    import (``sys.setprofile`` on their code objects, matched by identity: a code object
+    whose constants hold a dict, as dynamo makes, cannot be hashed).
+
+    Yields:
+        A list that gets each label once, when its code first runs.
+    """
+    codes: dict[int, str] = {}
+    keep = []  # the code objects stay alive while their ids are used
+    for label, obj in targets.items():
+        for code in _codes(obj):
+            codes[id(code)] = label
+            keep.append(code)
+    hits: list[str] = []
+    if not codes:
+        yield hits
+        return
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            label = codes.get(id(frame.f_code))
+            if label is not None and label not in hits:
+                hits.append(label)
+
+    old = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield hits
+    finally:
+        sys.setprofile(old)
 
 
 def resolve(name: str) -> Any:

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from perflab.core.simulated import LinkModel, SimulatedLink
+from perflab.labs.checking import watch_calls
 from perflab.models import mlp, mlp_batches
 
 __all__ = ["record_allreduces", "bucket_recorder_hook", "compare_rank", "grads_of",
@@ -231,7 +232,8 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
         ddp.register_comm_hook(None, hook)
         if name == "fp16":  # torch's hook reached while the student's runs, however named
-            with _calls_to(torch_hook) as delegated:
+            # DDP calls a CPU model's comm hooks in backward, on this thread
+            with watch_calls({"fp16_compress_hook": torch_hook}) as delegated:
                 run(name, ddp.module, _ddp_step(ddp, loss_fn))
         else:
             run(name, ddp.module, _ddp_step(ddp, loss_fn))
@@ -251,26 +253,6 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     out["ddp_bucket_index"] = [i for i, _ in last]
     out["ddp_buckets"] = [[index[ptr] for ptr in ptrs] for _, ptrs in last]
     return out
-
-
-@contextmanager
-def _calls_to(fn: Any) -> Iterator[list[int]]:
-    """Count the calls of ``fn``'s code made in this thread inside the block (one list
-    entry each), whatever name reached it: an alias, an import, a wrapper
-    (``sys.setprofile``). DDP calls a CPU model's comm hooks in backward, on the thread
-    that runs it."""
-    import sys
-
-    code, hits, old = fn.__code__, [], sys.getprofile()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code is code:
-            hits.append(1)
-    sys.setprofile(profile)
-    try:
-        yield hits
-    finally:
-        sys.setprofile(old)
 
 
 def _ddp_step(ddp, loss_fn):
