@@ -10,11 +10,14 @@ nbgrader source notebooks for instructors who use nbgrader itself.
 """
 from __future__ import annotations
 
+import ast
+import re
+import textwrap
 from pathlib import Path
 
 import nbformat
 
-__all__ = ["build_lab", "build_labs", "graded_cells", "record_check_outputs"]
+__all__ = ["build_lab", "build_labs", "graded_cells", "record_check_outputs", "prediction_stubs"]
 
 #: The tag of graded cells whose stored output nbval compares (``--nbval-lax``).
 CHECK_TAG = "nbval-check-output"
@@ -37,6 +40,62 @@ def graded_cells(nb: nbformat.NotebookNode) -> dict[str, float]:
     return out
 
 
+_REGION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION[ \t]*\n?",
+                     re.S | re.M)
+
+
+def _prediction_stub(body: str, indent: str, before: str = "") -> str | None:
+    """``name = None  # ...`` for each name a prediction region assigns (names the cell
+    already assigns before the region, e.g. a template dict, keep that template), or
+    None when the region is more than top-level assignments (an exercise: nbgrader's
+    stub applies)."""
+    try:
+        tree = ast.parse(textwrap.dedent(body))
+    except SyntaxError:
+        return None
+    names = []
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            return None
+        names.append(node.targets[0].id)
+    if not names:
+        return None
+    assigned = set()
+    try:
+        assigned = {t.id for node in ast.parse(before).body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    except SyntaxError:
+        pass
+    lines = [f"{indent}{n} = None  # YOUR PREDICTION: replace None, then run this cell\n"
+             for n in names if n not in assigned]
+    return "".join(lines) or f"{indent}# YOUR PREDICTION: fill in the values above, then run this cell\n"
+
+
+def prediction_stubs(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """``grade_id -> stub`` for each prediction cell (nbgrader ``grade_id`` starting
+    ``predict_``, one solution region made of plain assignments): the stub is
+    ``name = None`` lines, so that an unanswered prediction records nothing and later
+    cells still run (:class:`perflab.labs.predictions.Predictions`), where nbgrader's
+    stub would raise ``NotImplementedError``."""
+    out = {}
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        if cell.cell_type != "code" or not gid.startswith("predict_"):
+            continue
+        regions = list(_REGION.finditer(cell.source))
+        if len(regions) == 1:
+            m = regions[0]
+            stub = _prediction_stub(m.group(2), m.group(1), cell.source[:m.start()])
+            if stub is not None:
+                out[gid] = stub.rstrip("\n")
+    return out
+
+
+#: nbgrader's default Python stub (ClearSolutions.code_stub).
+_NBGRADER_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+
+
 def build_lab(solution: Path) -> str:
     """The student version of one solution notebook, as notebook JSON text.
 
@@ -45,6 +104,7 @@ def build_lab(solution: Path) -> str:
             cell not marked as a solution cell (nbgrader's own check).
     """
     nb = nbformat.read(str(solution), as_version=4)
+    stubs = prediction_stubs(nb)
     if not graded_cells(nb):
         raise ValueError(f"{solution}: no graded cells (nbgrader metadata grade: true); "
                          "every lab needs at least one check")
@@ -54,6 +114,10 @@ def build_lab(solution: Path) -> str:
             nb, resources = pre.preprocess(nb, resources)
         except RuntimeError as e:
             raise ValueError(f"{solution}: {e}") from e
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        if gid in stubs:
+            cell.source = cell.source.replace(_NBGRADER_STUB, stubs[gid], 1)
     nb.metadata.pop("widgets", None)  # saved widget state belongs to outputs
     return nbformat.writes(nb) + "\n"
 
