@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_TESTED := 2.13.0
 SUBMISSIONS ?= submissions
 
-.PHONY: setup demo test test-fast labs check-labs check-solutions test-browser grade wheel-smoke clean
+.PHONY: setup demo test test-fast labs check-labs check-solutions test-browser grade wheel-smoke clean gpu-check
 
 setup: $(VENV)/.perflab-installed
 
@@ -68,6 +68,15 @@ test: setup
 		OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) \
 			--dist loadfile --no-loadscope-reorder --durations=15 solutions tests; \
 	fi
+
+# On a machine with a CUDA GPU: the tests marked `cuda`, every solution notebook at the
+# full preset under nbval, the benchmarks and the GPU figures (CUDA-event step time, fp16
+# + GradScaler parity, pinned copy bandwidth, NCCL start-up, datasheet MFU), in one report
+# (results/gpu-check/report.md). PART=tests|labs|benchmarks|figures runs one part (each
+# item has a 540 s limit); LABS="03 05" some labs. Without a GPU it says so and exits 0.
+PART ?= all
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py --part $(PART) $(if $(LABS),--labs $(LABS))
 
 # The quick loop while changing the library: every test not marked `slow` (the slow ones
 # launch ranks, grade notebooks in a sandbox, compile in a fresh process, or otherwise take

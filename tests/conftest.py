@@ -4,8 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                                   reason="needs a CUDA device; this machine has none")
+_no_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                              reason="needs a CUDA device; this machine has none")
+
+
+def requires_cuda(obj):
+    """Mark a test (function or class) ``cuda``, which ``make gpu-check`` selects
+    (``pytest -m cuda``), and skip it, with the reason, where no CUDA device is."""
+    return pytest.mark.cuda(_no_cuda(obj))
 slow = pytest.mark.slow
 
 
