@@ -28,7 +28,10 @@ _RANGE = rf"{_NUM}(?:\s?(?:-|–|to)\s?{_NUM})?"
 _UNIT = (r"(?:ns|us|µs|ms|s|secs?|seconds?|minutes?|mins?|hours?|"
          r"bytes?|KB|KiB|MB|MiB|GB|GiB|TB|TiB|"
          r"%|percent|x|×|times (?:faster|slower|more|less)|"
-         r"[GMT]?FLOPs?(?:/s)?|[GMT]?FLOP|samples/s|images/s|it/s|steps/s|[GKMT]B/s|px|pixels)")
+         r"[GMT]?FLOPs?(?:/s)?|[GMT]?FLOP|samples/s|images/s|it/s|steps/s|[GKMT]B/s|px|pixels|"
+         # a machine's core count is a fact of the machine the lab ran on: print it from
+         # os.sched_getaffinity / perflab's core label, never type it ("4 ranks share 2 cores")
+         r"(?:CPU |physical |logical )?cores?|(?:logical )?CPUs)")
 #: A figure with a unit: "35 ms", "1.5 GiB", "3.2x", "95 %", "about three minutes".
 FIGURE = re.compile(rf"(?<![\w.#/]){_RANGE}\s?{_UNIT}(?![\w/])")
 
@@ -114,6 +117,8 @@ def test_markdown_states_no_typed_in_result(lab):
     "a 224-256 px photo",
     "speed drifts over 30 seconds",
     "each step costs 12 GFLOP",
+    "4 ranks share 2 cores",
+    "on two CPU cores the ranks take turns",
 ])
 def test_a_typed_in_result_is_caught(text):
     assert typed_figures(f"Some prose. {text} More prose.")
