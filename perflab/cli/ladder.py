@@ -45,6 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="the first pass only: each rung once, in order (no search)")
     p.add_argument("--max-trials", type=int, default=None,
                    help="stop the search after this many comparisons (default: no limit)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="wall-clock bound of the search in seconds: a move estimated to "
+                        "pass it is not measured (listed as skipped; default: no bound)")
     for flag, kind in (("model", str), ("dataset", str), ("device", str),
                        ("image-size", int), ("batch-size", int), ("steps", int),
                        ("warmup-steps", int)):
@@ -90,7 +93,8 @@ def _climb(args: argparse.Namespace):
     rungs = _names(args.rungs) if args.rungs else list(RUNGS)
     return climb(config, size=args.size, rungs=rungs, skip=_names(args.skip),
                  rounds=args.rounds, alpha=args.alpha, progress=not args.quiet,
-                 out_dir=args.out, search=not args.greedy, max_trials=args.max_trials)
+                 out_dir=args.out, search=not args.greedy, max_trials=args.max_trials,
+                 budget_s=args.budget_s)
 
 
 def _print_ladder(ladder) -> None:

@@ -35,25 +35,26 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from perflab.core.config import RunConfig
-from perflab.ladder.report import Ladder, Rung
+from perflab.ladder.report import Ladder
 from perflab.ladder.rungs import (
-    GROUPS, INTERACTING, ROUNDS, RUNGS, SIZES, Variant, applied, check_size,
+    ROUNDS, RUNGS, SIZES, Variant, applied, check_size,
     checkpointed_batch_size, make_variant, naive_config, per_sample, rung_config,
     unavailable,
 )
-from perflab.core.measurement import Measurement, compare
+from perflab.core.measurement import Measurement
 from perflab.core.memory import PeakMemory
 from perflab.core.result import RunResult
 from perflab.core.paths import default_results_dir
 from perflab.core.storage import check_writable, write_atomic
+from perflab.ladder.moves import RESCUE_FACTOR, _Search  # noqa: F401  (RESCUE_FACTOR: re-exported)
 
 __all__ = ["climb", "resume_climb", "search_all", "validate_climb"]
 
 RunFn = Callable[..., list[RunResult]]
 _STATE = "ladder.json"
+
 
 
 def validate_climb(rungs: Sequence[str], skip: Sequence[str], rounds: int, alpha: float) -> None:
@@ -137,17 +138,12 @@ def _load_saved(out: Path) -> dict[int, dict[str, RunResult]]:
     return saved
 
 
-def _change(a: RunConfig, b: RunConfig, settings: Sequence[str]) -> str:
-    parts = [f"{k}={v!r}" for k, v in b.to_dict().items()
-             if k != "label" and v != getattr(a, k)]
-    return ", ".join(parts + [f"{s}=True" for s in settings])
-
-
 def climb(config: RunConfig | None = None, *, size: str = "quick",
           rungs: Sequence[str] = RUNGS, skip: Sequence[str] = (), rounds: int | None = None,
           alpha: float = 0.05, progress: bool = True, out_dir: str | Path | None = None,
           save: bool = True, run_fn: RunFn | None = None, search: bool = True,
-          max_trials: int | None = None, _saved: dict | None = None) -> Ladder:
+          max_trials: int | None = None, budget_s: float | None = None,
+          _saved: dict | None = None) -> Ladder:
     """Search the ladder from ``config`` (default ``naive_config(size)``); see the module
     docstring for the moves.
 
@@ -166,6 +162,10 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
             :func:`perflab.experiment.run_interleaved` without saving (tests pass a fake).
         search: False: the first pass only (the greedy ladder).
         max_trials: stop searching after this many comparisons (None: no limit).
+        budget_s: wall-clock bound (seconds) of the search: a move whose estimated time
+            (the incumbent's measured wall time, times the measured slowdown of the rungs
+            it adds) would pass it is not measured, and the ladder's ``skipped`` names it.
+            The first trial always runs. None: no bound.
 
     Returns:
         A :class:`Ladder` (its ``write_report()`` writes report.md and the plots).
@@ -182,6 +182,9 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
     if max_trials is not None and (isinstance(max_trials, bool) or not isinstance(
             max_trials, int) or max_trials < 1):
         raise ValueError(f"max_trials must be None or an int >= 1, got {max_trials!r}")
+    if budget_s is not None and not (isinstance(budget_s, (int, float))
+                                     and not isinstance(budget_s, bool) and budget_s > 0):
+        raise ValueError(f"budget_s must be None or seconds > 0, got {budget_s!r}")
     if config is None:
         config = naive_config(size)
     elif not isinstance(config, RunConfig):
@@ -196,7 +199,8 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
                              f"finish it with `perflab ladder --resume {out}` "
                              "(resume_climb) or pass a new folder")
         state = dict(config=config.to_dict(), size=size, rungs=list(rungs), skip=list(skip),
-                     rounds=rounds, alpha=alpha, search=search, max_trials=max_trials)
+                     rounds=rounds, alpha=alpha, search=search, max_trials=max_trials,
+                     budget_s=budget_s)
         write_atomic(out / _STATE, json.dumps(state, indent=1))
     if run_fn is None:
         from perflab.experiment import run_interleaved
@@ -208,7 +212,7 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
         if why:
             skipped[r] = why
     todo = [r for r in rungs if r not in skipped]
-    s = _Search(config, todo, trials, alpha, progress, max_trials)
+    s = _Search(config, todo, trials, alpha, progress, max_trials, budget_s)
     try:
         s.run(search)
     except KeyboardInterrupt:
@@ -225,108 +229,6 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
     return Ladder(baseline=s.baseline, rungs=s.done, best_config=best.config.replace(label=""),
                   skipped=skipped, out_dir=out, order=list(rungs), best_on=tuple(best.on),
                   greedy_on=s.greedy_on, best_settings=best.settings)
-
-
-class _Search:
-    """The moves of :func:`climb` over a set of rungs that are on."""
-
-    def __init__(self, base: RunConfig, todo: list[str], trials: _Trials, alpha: float,
-                 progress: bool, max_trials: int | None):
-        self.base, self.todo, self.trials, self.alpha = base, todo, trials, alpha
-        self.max_trials = max_trials
-        self.on: frozenset[str] = frozenset()
-        self.done: list[Rung] = []
-        self.skipped: dict[str, str] = {}
-        self.tested: set[tuple[frozenset, frozenset]] = set()
-        self.failed_at: dict[frozenset, set[str]] = {}  # on -> rungs that failed alone
-        self.kept_at: dict[str, int] = {}  # rung -> trial it was (last) kept in
-        self.baseline: RunResult | None = None
-        self.greedy_on: tuple[str, ...] = ()
-        self.big_batch: int | None = None
-        self.best_result: RunResult | None = None
-        self.bar = tqdm(desc="ladder", unit="trial", disable=not progress)
-
-    def variant(self, on) -> Variant:
-        v = make_variant(self.base, on, big_batch=self.big_batch)
-        assert not isinstance(v, str), v  # moves only build variants that exist
-        return v
-
-    def _add(self, rung: str) -> frozenset:
-        group = next((g for g in GROUPS.values() if rung in g), (rung,))
-        return frozenset(self.on - set(group)) | {rung}
-
-    def _full(self) -> bool:
-        return self.max_trials is not None and len(self.done) >= self.max_trials
-
-    def try_move(self, cand_on: frozenset, name: str, move: str) -> bool:
-        if self._full() or (self.on, cand_on) in self.tested or cand_on == self.on:
-            return False
-        if "larger_batch" in cand_on and self.big_batch is None:
-            self.big_batch, self.batch_note = checkpointed_batch_size(
-                self.variant(self.on).config, self.best_result)
-            if self.big_batch <= self.base.batch_size:
-                self.skipped["larger_batch"] = ("checkpointing frees no room for a larger "
-                                                f"batch: {self.batch_note}")
-                self.todo.remove("larger_batch")
-                return False
-        cand = make_variant(self.base, cand_on, big_batch=self.big_batch)
-        if isinstance(cand, str):
-            self.skipped.setdefault(name, cand)
-            return False
-        inc = self.variant(self.on)
-        self.tested.add((self.on, cand_on))
-        self.bar.set_postfix_str(name)
-        a, b = self.trials.measure([inc, cand])
-        self.bar.update()
-        self.baseline = self.baseline or a
-        cmp = compare(per_sample(a.step, inc.config.batch_size, inc.key),
-                      per_sample(b.step, cand.config.batch_size, cand.key), alpha=self.alpha)
-        kept = cmp.significant and cmp.speedup > 1
-        note = self.batch_note if "larger_batch" in cand_on - self.on else ""
-        self.done.append(Rung(name, _change(inc.config, cand.config, [
-            s for s in cand.settings if s not in inc.settings]), a, b, cmp, kept, note,
-            move=move, on=cand.on))
-        if kept:
-            for r in cand_on - self.on:
-                self.kept_at[r] = len(self.done)
-            self.on, self.best_result = cand_on, b
-        else:
-            self.best_result = a
-            if move in ("add", "retry"):
-                self.failed_at.setdefault(self.on, set()).add(name)
-        return kept
-
-    def run(self, search: bool) -> None:
-        self.batch_note = ""
-        for rung in list(self.todo):
-            if rung in self.todo:
-                self.try_move(self._add(rung), rung, "add")
-        self.greedy_on = tuple(r for r in RUNGS if r in self.on)
-        if not search:
-            return
-        for _ in range(len(self.todo) + 1):  # each changing pass keeps a move; bounded
-            changed = self._joint()
-            for rung in [r for r in self.todo if r not in self.on]:
-                changed |= self.try_move(self._add(rung), rung, "retry")
-            changed |= self._joint()
-            last = max(self.kept_at.values(), default=0)
-            for rung in [r for r in RUNGS if r in self.on and self.kept_at.get(r, 0) < last]:
-                changed |= self.try_move(self.on - {rung}, f"-{rung}", "remove")
-            if not changed or self._full():
-                return
-
-    def _joint(self) -> bool:
-        """Try interacting rungs that each failed alone on the current best, together."""
-        failed = sorted((self.failed_at.get(self.on, set()) & set(INTERACTING))
-                        - self.on, key=RUNGS.index)
-        for k in (2, 3):
-            for combo in itertools.combinations(failed, k):
-                if any(len(set(combo) & set(g)) > 1 for g in GROUPS.values()):
-                    continue
-                cand = frozenset(self.on) | set(combo)
-                if self.try_move(cand, "+".join(combo), "joint"):
-                    return True
-        return False
 
 
 def resume_climb(out_dir: str | Path, *, progress: bool = True,
@@ -347,7 +249,8 @@ def resume_climb(out_dir: str | Path, *, progress: bool = True,
     return climb(RunConfig.from_dict(state["config"]), size=state["size"],
                  rungs=state["rungs"], skip=state["skip"], rounds=state["rounds"],
                  alpha=state["alpha"], search=state["search"],
-                 max_trials=state["max_trials"], progress=progress, out_dir=out,
+                 max_trials=state["max_trials"], budget_s=state.get("budget_s"),
+                 progress=progress, out_dir=out,
                  run_fn=run_fn, _saved=_load_saved(out))
 
 

@@ -449,3 +449,56 @@ def test_rounds_default_per_size():
     fake = FakeRuns()
     climb(_tiny(), rungs=["amp"], rounds=5, progress=False, save=False, run_fn=fake)
     assert len(fake.calls) == 10
+
+
+def test_a_rung_far_slower_alone_is_not_retried_in_combinations(tmp_path):
+    """bf16 emulated on a CPU: amp ~10x slower alone is never tried again (the ladder
+    did not finish in 15 minutes re-trying it with NHWC and compile)."""
+    from perflab.ladder.moves import RESCUE_FACTOR
+
+    def speed(on):
+        s = 0.010 * (10.0 if "amp" in on else 1.0)
+        s /= 1.5 if "compile" in on else 1
+        return s * (1.1 if "channels_last" in on else 1.0)
+
+    fake = FakeRuns(speed)
+    lad = climb(_tiny(), rungs=["amp", "channels_last", "compile"], rounds=1,
+                progress=False, out_dir=tmp_path, run_fn=fake)
+    with_amp = [r for r in lad.rungs if "amp" in r.on]
+    assert [r.name for r in with_amp] == ["amp"]            # measured once, alone
+    assert "not re-tried" in lad.skipped["amp"] and f"{RESCUE_FACTOR:g}x" in lad.skipped["amp"]
+    # channels_last, 1.1x slower (under the factor), is still tried jointly / re-tried
+    assert len([r for r in lad.rungs if "channels_last" in r.name]) >= 2
+    assert lad.best_on == ("compile",)
+
+
+def test_a_rung_slower_by_less_than_the_factor_is_still_tried_jointly(tmp_path):
+    def speed(on):  # bf16 1.5x slower alone, NHWC slower alone; together faster
+        amp, cl = "amp" in on, "channels_last" in on
+        return 0.010 * (0.6 if amp and cl else 1.5 if amp else 1.1 if cl else 1.0)
+
+    lad = climb(_tiny(), rungs=["amp", "channels_last"], rounds=1, progress=False,
+                out_dir=tmp_path, run_fn=FakeRuns(speed))
+    assert lad.best_on == ("amp", "channels_last")
+
+
+def test_budget_skips_moves_that_would_pass_it(tmp_path, monkeypatch):
+    """A fake clock: each run takes 10 s; a 45 s budget measures the first trials and
+    names the moves it did not measure."""
+    import perflab.ladder.moves as moves
+    clock = {"t": 0.0}
+    monkeypatch.setattr(moves.time, "monotonic", lambda: clock["t"])
+
+    class Clocked(FakeRuns):
+        def __call__(self, configs, *, rounds, progress):
+            clock["t"] += 10.0 * len(configs)
+            return super().__call__(configs, rounds=rounds, progress=progress)
+
+    lad = climb(_tiny(), rungs=FOUR, rounds=1, progress=False, out_dir=tmp_path,
+                run_fn=Clocked(), budget_s=45)
+    assert lad.trials == 2                                   # 20 s each; a third passes 45 s
+    over = {k: v for k, v in lad.skipped.items() if "budget_s=45" in v}
+    assert over and all("would pass budget_s=45 s" in v for v in over.values())
+    with pytest.raises(ValueError, match="budget_s"):
+        climb(_tiny(), rungs=FOUR, rounds=1, progress=False, save=False,
+              run_fn=FakeRuns(), budget_s=0)
