@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perflab.core.result import PHASES, RunResult
+
+if TYPE_CHECKING:
+    from perflab.analysis.roofline import Roofline
 
 __all__ = ["diagnose", "Diagnosis", "DATA_WAIT_SHARE", "MEMORY_FRACTION", "COMM_SHARE",
            "OPTIMIZER_SHARE", "HostSyncs", "count_host_syncs", "SYNC_OPS"]
@@ -64,7 +67,15 @@ class Diagnosis:
                                                        in self.thresholds.items())])
 
 
-def diagnose(result: RunResult, *, device_total_bytes: int | None = None) -> Diagnosis:
+#: What helps a compute-bound step when low-precision matmuls are not faster than fp32
+#: on the run's device (a CPU that emulates bf16, a GPU without tensor cores).
+_COMPUTE_WITHOUT_AMP = ("torch.compile (Lab 05) fuses elementwise work; channels_last "
+                        "for a CNN; torch.set_num_threads to the physical cores on a CPU; "
+                        "a foreach/fused optimizer")
+
+
+def diagnose(result: RunResult, *, device_total_bytes: int | None = None,
+             roofline: "Roofline | None" = None) -> Diagnosis:
     """Name the dominant phase and the bottleneck of ``result``, with the lab that fixes it.
 
     First matching rule wins (shares are fractions of the mean step time):
@@ -74,12 +85,18 @@ def diagnose(result: RunResult, *, device_total_bytes: int | None = None) -> Dia
        -> "memory", Lab 04;
     3. ``config.world_size`` > 1 and a ``comm`` phase with share >= ``COMM_SHARE`` (0.20)
        -> "communication", Lab 06;
-    4. otherwise "compute" -> Lab 03 (mixed precision) and Lab 05 (torch.compile).
+    4. otherwise "compute" -> Lab 03 (mixed precision) and Lab 05 (torch.compile); but
+       when ``roofline`` (measured on the run's device type) shows neither the bf16 nor
+       the fp16 matmul faster than fp32, Lab 03 is left out, and a note says why (the
+       measured rates) and names what helps there instead. A run already in bf16/fp16
+       is not pointed at Lab 03 either.
 
     An optimizer share >= ``OPTIMIZER_SHARE`` (0.25) adds a note (foreach/fused optimizers).
 
     ``device_total_bytes``: the GPU's memory, bytes; None -> from ``torch.cuda`` when the
     run's GPU is in this machine (else rule 2 is skipped, with a note).
+    ``roofline``: this machine's :func:`perflab.analysis.roofline.measure_roofline` (the
+    matmul GFLOP/s per dtype); None: the AMP advice is not checked against hardware.
 
     Raises:
         ValueError: the result has none of the phases data/forward/backward/optimizer.
@@ -125,13 +142,28 @@ def diagnose(result: RunResult, *, device_total_bytes: int | None = None) -> Dia
         bottleneck = "compute"
         reason = (f"data wait is only {data:.0%} of the mean step (< {DATA_WAIT_SHARE:.0%})"
                   f" and {dominant} dominates at {main[dominant]:.0%}: compute bound")
+    labs = _LABS[bottleneck]
+    if bottleneck == "compute":
+        amp = getattr(result.config, "amp", "off")
+        if amp != "off":
+            labs = ("Lab 05: torch.compile",)
+            notes.append(f"the run already uses autocast ({amp}): Lab 03 has nothing more "
+                         "to give it")
+        elif roofline is not None and roofline.device.split(":")[0] == device.split(":")[0]:
+            ratios = {d: roofline.ratio(d) for d in ("bf16", "fp16")}
+            if all(r is None or r < 1 for r in ratios.values()):
+                labs = ("Lab 05: torch.compile",)
+                measured = "; ".join(roofline.explain(d) for d in ratios)
+                notes.append(f"not Lab 03 (mixed precision): {measured}, so autocast would "
+                             f"move the matmuls and convolutions to a slower path. What "
+                             f"helps a compute-bound step here: {_COMPUTE_WITHOUT_AMP}")
     if shares.get("optimizer", 0.0) >= OPTIMIZER_SHARE:
         notes.append(f"the optimizer step takes {shares['optimizer']:.0%} of the mean step "
                      f"(>= {OPTIMIZER_SHARE:.0%}): try foreach=True or, on CUDA, fused=True")
     thresholds = {"data_wait_share": DATA_WAIT_SHARE, "memory_fraction": MEMORY_FRACTION,
                   "comm_share": COMM_SHARE, "optimizer_share": OPTIMIZER_SHARE}
     return Diagnosis(dominant_phase=dominant, shares=shares, bottleneck=bottleneck,
-                     labs=_LABS[bottleneck], reason=reason, thresholds=thresholds,
+                     labs=labs, reason=reason, thresholds=thresholds,
                      notes=tuple(notes))
 
 

@@ -65,7 +65,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(result.phase_table().round(2).to_string())
     print()
-    print(diagnose(result))
+    diagnosis = diagnose(result)
+    if diagnosis.bottleneck == "compute" and result.config.amp == "off":
+        # Only a compute-bound fp32 run needs the matmul rates (a few seconds) to know
+        # whether mixed precision can help on this hardware.
+        from perflab.analysis.roofline import measure_roofline
+        diagnosis = diagnose(result, roofline=measure_roofline(result.env.get("device", "cpu")))
+    print(diagnosis)
     if result.path:
         print(f"\nsaved: {result.path}")
     return 0

@@ -299,3 +299,29 @@ def test_train_on_batches_times_phases_and_validates():
     with pytest.raises(ValueError, match="steps must be >= 1"):
         train_on_batches(parts.model, parts.optimizer, iter([]), steps=0, warmup=0,
                          device="cpu", samples_per_step=8)
+
+
+def _roof(bf16, fp16, fp32=100.0, device="cpu"):
+    from perflab.analysis.roofline import MatmulRoof, Roofline
+    return Roofline(device=device, device_name="x", threads=2, bandwidth_gb_s=10.0, copy_mib=64,
+                    matmul=(MatmulRoof("fp32", fp32, 512), MatmulRoof("bf16", bf16, 512),
+                            MatmulRoof("fp16", fp16, 512)))
+
+
+def test_compute_bound_not_pointed_at_amp_where_low_precision_is_slower():
+    d = diagnose(make_result(), roofline=_roof(bf16=1.5, fp16=None))
+    assert d.bottleneck == "compute" and d.labs == ("Lab 05: torch.compile",)
+    (note,) = [n for n in d.notes if n.startswith("not Lab 03")]
+    assert "bf16 matmul runs at 0.015x of fp32 here (1.5 vs 100 GFLOP/s)" in note
+    assert "torch.compile" in note and "channels_last" in note
+
+
+def test_compute_bound_keeps_amp_where_low_precision_is_faster_or_unmeasured():
+    assert diagnose(make_result(), roofline=_roof(bf16=300, fp16=300)).labs == (
+        "Lab 03: Mixed precision", "Lab 05: torch.compile")
+    # a roofline of another device type says nothing about this run's device
+    assert diagnose(make_result(), roofline=_roof(1.0, 1.0, device="cuda:0")).labs[0].startswith("Lab 03")
+    assert diagnose(make_result()).labs[0].startswith("Lab 03")
+    amp_run = make_result(config=RunConfig(amp="bf16"))
+    d = diagnose(amp_run)
+    assert d.labs == ("Lab 05: torch.compile",) and any("already uses autocast" in n for n in d.notes)
