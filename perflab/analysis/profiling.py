@@ -15,9 +15,7 @@ import linecache
 import os
 import pstats
 import re
-import shutil
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,30 +39,40 @@ __all__ = ["profile", "ProfileSummary", "cprofile_loader", "line_profile_dataset
 #: Columns of :attr:`ProfileSummary.top_ops` (times in milliseconds, shares in percent).
 TOP_OPS_COLUMNS = ("name", "calls", "self_cpu_ms", "cpu_total_ms", "self_cpu_pct",
                    "self_device_ms", "device_total_ms")
+#: Why ``tensorboard=True`` is refused, and where each view of the TensorBoard profiler
+#: plugin (torch-tb-profiler) is now: PyTorch deprecated the plugin in favour of Perfetto
+#: and it was removed from the kineto repository in 2026.
+TENSORBOARD_GONE = (
+    "the TensorBoard profiler plugin (torch-tb-profiler) is deprecated and no longer "
+    "maintained (removed from pytorch/kineto): open the Chrome trace in https://ui.perfetto.dev "
+    "instead; its views are here: Overview (step time by kind) -> summary.phases and "
+    "perflab.temporal_breakdown(summary.trace_path); Operator -> summary.top_ops; GPU "
+    "Kernel -> top_ops' self_device_ms and perflab.idle_time_breakdown; Trace -> Perfetto; "
+    "Memory -> perflab.memory_breakdown and torch.cuda.memory._record_memory_history; "
+    "Distributed -> perflab.comm_comp_overlap over the ranks' traces. Drop --tensorboard "
+    "(tensorboard=True)")
+
+
 @dataclass(frozen=True, eq=False)
 class ProfileSummary:
     """What :func:`profile` recorded: ``top_ops`` (DataFrame, ms), ``trace_path`` (Chrome
-    trace JSON), ``tensorboard_dir`` (or None), ``phases`` (:func:`perflab.analysis.trace.
-    phase_times` of the trace, ms), ``result`` (the profiled run, profiler overhead
-    included) and ``diagnosis`` (:func:`diagnose` of it)."""
+    trace JSON), ``phases`` (:func:`perflab.analysis.trace.phase_times` of the trace, ms),
+    ``result`` (the profiled run, profiler overhead included) and ``diagnosis``
+    (:func:`diagnose` of it)."""
 
     top_ops: pd.DataFrame
     trace_path: str
-    tensorboard_dir: str | None
     phases: pd.DataFrame
     result: RunResult
     diagnosis: Diagnosis
 
     def how_to_open(self) -> str:
         """How to look at the trace (text)."""
-        text = (f"Timeline: drag {self.trace_path} into https://ui.perfetto.dev (or Load "
+        return (f"Timeline: drag {self.trace_path} into https://ui.perfetto.dev (or Load "
                 "it in chrome://tracing); each step shows the perflab:data / forward / "
-                "backward / optimizer ranges with their operators.")
-        if self.tensorboard_dir:
-            text += ("\nTensorBoard: pip install torch-tb-profiler; tensorboard --logdir "
-                     f"{Path(self.tensorboard_dir).parent}; open the PYTORCH_PROFILER tab "
-                     "(PyTorch has deprecated this plugin in favour of Perfetto).")
-        return text
+                "backward / optimizer ranges with their operators. Busy / idle / "
+                "communication time from the same file: perflab.temporal_breakdown(path), "
+                "perflab.idle_time_breakdown(path).")
 
     def __repr__(self) -> str:
         key = "self_device_ms" if self.top_ops["self_device_ms"].sum() > 0 else "self_cpu_ms"
@@ -105,8 +113,8 @@ def profile(config: RunConfig, *, wait: int = 1, warmup: int = 1, active: int = 
     warm-up and ``max(active, 2)`` measured steps under ``torch.profiler.schedule(wait,
     warmup, active, repeat=1)``; activities CPU, plus CUDA on CUDA. The Chrome trace goes
     to ``<trace_dir>/<label>-<UTC time>.json`` (default ``default_results_dir() /
-    "traces"``); ``tensorboard=True`` copies it into ``<trace_dir>/tensorboard/<label>/``
-    named as ``tensorboard_trace_handler`` names files (Kineto saves a trace only once).
+    "traces"``). ``tensorboard=True`` is refused (:data:`TENSORBOARD_GONE`: the plugin is
+    gone; the message says where each of its views is).
 
     ``top_ops`` (``prof.key_averages()`` without perflab:* and ProfilerStep* ranges):
     name, calls, self_cpu_ms, cpu_total_ms, self_cpu_pct (of all self CPU time recorded),
@@ -115,9 +123,12 @@ def profile(config: RunConfig, *, wait: int = 1, warmup: int = 1, active: int = 
     of its range (``enumerate(DataLoader)...``, ``perflab:data``).
 
     Raises:
-        ValueError: ``wait`` or ``warmup`` < 0, ``active`` or ``row_limit`` < 1 (checked
-            before any work); a bad dataset (from :func:`perflab.experiment.run`).
+        ValueError: ``wait`` or ``warmup`` < 0, ``active`` or ``row_limit`` < 1,
+            ``tensorboard=True`` (checked before any work); a bad dataset (from
+            :func:`perflab.experiment.run`).
     """
+    if tensorboard:
+        raise ValueError(f"tensorboard=True: {TENSORBOARD_GONE}")
     for name, value, low in (("wait", wait, 0), ("warmup", warmup, 0),
                              ("active", active, 1), ("row_limit", row_limit, 1)):
         _check(name, value, low)
@@ -142,12 +153,7 @@ def profile(config: RunConfig, *, wait: int = 1, warmup: int = 1, active: int = 
                      profiler=prof, save=False, progress=progress)
     if not path.is_file():
         raise RuntimeError(f"torch.profiler did not write {path}")
-    tb_dir = out / "tensorboard" / slug if tensorboard else None
-    if tb_dir:
-        tb_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, tb_dir / f"{slug}.{time.time_ns()}.pt.trace.json")
     return ProfileSummary(top_ops=_top_ops(prof, row_limit, on_gpu), trace_path=str(path),
-                          tensorboard_dir=str(tb_dir) if tb_dir else None,
                           phases=phase_times(load_trace(path)), result=result,
                           diagnosis=diagnose(result))
 

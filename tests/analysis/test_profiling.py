@@ -143,7 +143,7 @@ def tiny_config(tmp_path_factory) -> RunConfig:
 @pytest.fixture(scope="module")
 def summary(tiny_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("traces")
-    return profile(tiny_config, trace_dir=out, tensorboard=True, progress=False)
+    return profile(tiny_config, trace_dir=out, progress=False)
 
 
 def test_profile_writes_a_trace_with_the_phases(summary):
@@ -164,11 +164,14 @@ def test_profile_top_ops(summary):
     assert ops["name"].str.startswith("aten::").any()
 
 
-def test_profile_tensorboard_and_repr(summary):
-    files = list(Path(summary.tensorboard_dir).glob("*.pt.trace.json"))
-    assert len(files) == 1
+def test_profile_opens_in_perfetto_and_tensorboard_is_refused(summary, tiny_config, tmp_path):
+    """The TensorBoard profiler plugin is gone: the trace opens in Perfetto, and asking for
+    TensorBoard output fails before any work, naming where each of its views went."""
     assert "ui.perfetto.dev" in summary.how_to_open()
-    assert "tensorboard --logdir" in summary.how_to_open()
+    assert "temporal_breakdown" in summary.how_to_open()
+    with pytest.raises(ValueError, match="tensorboard=True.*perfetto.*Operator -> summary.top_ops"):
+        profile(tiny_config, trace_dir=tmp_path / "never", tensorboard=True, progress=False)
+    assert not (tmp_path / "never").exists()
     text = repr(summary)
     assert text.startswith("ProfileSummary") and "0x" not in text
     assert summary.diagnosis.bottleneck in {"input pipeline", "compute"}
@@ -178,7 +181,7 @@ def test_profile_active_one(tiny_config, tmp_path):
     s = profile(tiny_config, wait=0, warmup=1, active=1, row_limit=3, trace_dir=tmp_path,
                 progress=False)
     assert (s.phases["count"] == 1).all() and len(s.top_ops) == 3
-    assert s.tensorboard_dir is None and "TensorBoard" not in s.how_to_open()
+    assert "TensorBoard" not in s.how_to_open()
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -304,3 +304,11 @@ def test_course_grade_is_the_course_command(tmp_path, capsys):
     assert main(["course", "grade", str(tmp_path / "nope"), "--reference",
                  str(ROOT / "solutions")]) == 2
     assert "no submissions folder" in capsys.readouterr().err
+
+
+def test_profile_tensorboard_flag_is_refused_before_work(capsys):
+    """The TensorBoard profiler plugin is gone: the flag fails with the replacement views."""
+    from perflab.cli import main
+    rc = main(["profile", "--tensorboard", "--dataset", "/nonexistent"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--tensorboard" in err and "ui.perfetto.dev" in err
