@@ -76,3 +76,96 @@ def test_unwritable_folder_keeps_predictions_in_memory(tmp_path):
     with pytest.warns(UserWarning, match="in memory only"):
         p.record("comm_ms", 12.0)
     assert p.get("comm_ms").value == 12.0
+
+
+# -- an unanswered prediction breaks no later cell ---------------------------------------
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import nbformat  # noqa: E402
+
+from perflab.course.build import prediction_stubs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _code(source: str) -> str:
+    """Cell source without IPython magics and shell lines (not Python)."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                     for line in source.splitlines())
+
+
+def _none_safe_uses(tree: ast.AST, names: set[str]) -> list[str]:
+    """Uses of ``names`` that would break on None: every use but an argument of a
+    ``.record(...)`` / ``.beside(...)`` call, an ``is (not) None`` test, a plain ``{name}``
+    in an f-string, or a use under ``if name is not None`` (or ``... if name is not None
+    else ...``)."""
+    parents = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+
+    def guarded(node, name) -> bool:
+        while node in parents:
+            parent = parents[node]
+            if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) \
+                    and parent.func.attr in ("record", "beside"):
+                return True
+            if isinstance(parent, ast.Compare) and any(isinstance(c, ast.Constant) and
+                                                       c.value is None for c in parent.comparators):
+                return True
+            if isinstance(parent, ast.FormattedValue) and parent.format_spec is None \
+                    and parent.value is node:
+                return True
+            if isinstance(parent, (ast.If, ast.IfExp)) and node is not parent.test:
+                test = ast.unparse(parent.test)
+                if f"{name} is not None" in test or f"{name} is None" in test:
+                    return True
+            node = parent
+        return False
+
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names \
+                and not guarded(node, node.id):
+            bad.append(f"line {node.lineno}: {ast.unparse(parents.get(node, node))[:80]}")
+    return bad
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name[:2])
+def test_an_unanswered_prediction_breaks_no_later_cell(path):
+    """In labs/ a prediction cell's value is None until the student answers; every later
+    use must cope with None (predictions.record / .beside do)."""
+    nb = nbformat.read(str(path), as_version=4)
+    stubs = prediction_stubs(nb)
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        if gid not in stubs:
+            continue
+        names = {ln.split("=")[0].strip() for ln in stubs[gid].splitlines()
+                 if "= None" in ln}
+        if not names:  # a template dict filled in place: its values are None
+            continue
+        after = cell.source.split("### END SOLUTION", 1)[-1]
+        sources = [(i, after)] + [(j, c.source) for j, c in enumerate(nb.cells[i + 1:], i + 1)
+                                  if c.cell_type == "code"]
+        for j, src in sources:
+            try:
+                tree = ast.parse(_code(src))
+            except SyntaxError:
+                continue
+            problems += [f"cell {j}: {b}" for b in _none_safe_uses(tree, names)]
+    assert not problems, (f"{path.name}: uses of an unanswered prediction ({sorted(names)}) "
+                          "that fail on None:\n" + "\n".join(problems))
+
+
+def test_the_none_check_catches_arithmetic_and_format_specs():
+    names = {"p"}
+    assert _none_safe_uses(ast.parse("x = 1 / p"), names)
+    assert _none_safe_uses(ast.parse("print(f'{p:.2f}')"), names)
+    assert not _none_safe_uses(ast.parse("predictions.record('a', p, unit='x')"), names)
+    assert not _none_safe_uses(ast.parse("print(f'{p}')"), names)
+    assert not _none_safe_uses(ast.parse("y = 1 / p if p is not None else None"), names)
+    assert not _none_safe_uses(ast.parse("if p is not None:\n    y = 2 * p"), names)
