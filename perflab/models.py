@@ -1,4 +1,5 @@
-"""Models: a torchvision-compatible ResNet-18 and a tiny CNN for fast tests.
+"""Models: a torchvision-compatible ResNet-18, a small GPT (``gpt-tiny``) and a tiny CNN
+for fast tests.
 
 ResNet-18 follows He et al. 2016, "Deep Residual Learning for Image Recognition"
 (table 1, the 18-layer column) exactly as ``torchvision.models.resnet18`` builds it:
@@ -16,7 +17,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-__all__ = ["BasicBlock", "ResNet", "resnet18", "tiny_cnn", "build_model", "mlp", "mlp_batches"]
+__all__ = ["BasicBlock", "ResNet", "resnet18", "tiny_cnn", "build_model", "mlp", "mlp_batches",
+           "GPT", "GPT_TINY", "TOKEN_MODELS", "gpt_tiny"]
 
 
 class BasicBlock(nn.Module):
@@ -139,8 +141,126 @@ def tiny_cnn(num_classes: int = 10) -> nn.Module:
     )
 
 
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: (B, T, d) -> (B, T, d), through
+    ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)`` (the fused
+    kernel where the device has one)."""
+
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)                  # 3 x (B, T, d)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2)
+                   for z in (q, k, v))                           # (B, heads, T, d/heads)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block (GPT-2): x + attn(ln1(x)), then x + mlp(ln2(x));
+    the MLP is Linear(d, 4d) -> GELU -> Linear(4d, d). (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer (Radford et al. 2019, GPT-2; layout after nanoGPT):
+    token + learned position embeddings, ``n_layer`` pre-LayerNorm blocks, a final
+    LayerNorm and a head tied to the token embedding. Input (B, T) int64 token ids with
+    T <= ``max_seq_len``; output logits (B, T, vocab_size) float32. Weights N(0, 0.02).
+
+    Raises:
+        ValueError: a size < 1, or ``d_model`` not a multiple of ``n_head``.
+    """
+
+    def __init__(self, vocab_size: int, n_layer: int, n_head: int, d_model: int,
+                 max_seq_len: int):
+        super().__init__()
+        if min(vocab_size, n_layer, n_head, d_model, max_seq_len) < 1 or d_model % n_head:
+            raise ValueError(f"GPT sizes must be >= 1 with d_model % n_head == 0, got "
+                             f"vocab_size={vocab_size}, n_layer={n_layer}, n_head={n_head}, "
+                             f"d_model={d_model}, max_seq_len={max_seq_len}")
+        self.max_seq_len = max_seq_len
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(max_seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight                  # tied (GPT-2)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        self.checkpointing: str | int = "none"
+
+    def stages(self) -> list[nn.Module]:
+        """The blocks in order: the units of checkpointing."""
+        return list(self.blocks)
+
+    def set_checkpointing(self, mode: str | int) -> "GPT":
+        """``"none"``, ``"per_stage"`` (every block through ``checkpoint``) or an int N:
+        ``checkpoint_sequential`` over the blocks in N segments (1..n_layer).
+
+        Raises:
+            ValueError: another mode, or N outside 1..n_layer.
+        """
+        ok = mode in ("none", "per_stage") or (isinstance(mode, int) and not isinstance(
+            mode, bool) and 1 <= mode <= len(self.blocks))
+        if not ok:
+            raise ValueError(f"checkpointing must be 'none', 'per_stage' or 1.."
+                             f"{len(self.blocks)} segments, got {mode!r}")
+        self.checkpointing = mode
+        return self
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.max_seq_len:
+            raise ValueError(f"sequence of {t} tokens > max_seq_len={self.max_seq_len}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)                # (B, T, d)
+        if self.checkpointing == "none" or not torch.is_grad_enabled():
+            for block in self.blocks:
+                x = block(x)
+        elif self.checkpointing == "per_stage":
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+        else:
+            x = checkpoint_sequential(list(self.blocks), self.checkpointing, x,
+                                      use_reentrant=False)
+        return self.head(self.ln_f(x))                           # (B, T, vocab)
+
+
+#: ``gpt-tiny``: byte-level (256 tokens), 4 blocks, 4 heads, width 128, up to 256 tokens
+#: of context (858,880 parameters; the head is tied to the token embedding).
+GPT_TINY = dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, max_seq_len=256)
+#: RunConfig models that read token sequences (the rest read images).
+TOKEN_MODELS = ("gpt-tiny",)
+
+
+def gpt_tiny(vocab_size: int = 256) -> GPT:
+    """:data:`GPT_TINY` with random weights (``vocab_size`` overrides the byte vocabulary)."""
+    return GPT(**{**GPT_TINY, "vocab_size": vocab_size})
+
+
 def build_model(name: str, num_classes: int) -> nn.Module:
-    """Model by ``RunConfig.model`` name ("resnet18" or "tiny").
+    """Model by ``RunConfig.model`` name ("resnet18", "gpt-tiny" or "tiny");
+    ``num_classes`` is the vocabulary size for a token model.
 
     Raises:
         ValueError: unknown name.
@@ -149,7 +269,9 @@ def build_model(name: str, num_classes: int) -> nn.Module:
         return resnet18(num_classes)
     if name == "tiny":
         return tiny_cnn(num_classes)
-    raise ValueError(f"unknown model {name!r}; choose 'resnet18' or 'tiny'")
+    if name == "gpt-tiny":
+        return gpt_tiny(num_classes)
+    raise ValueError(f"unknown model {name!r}; choose 'resnet18', 'gpt-tiny' or 'tiny'")
 
 
 def mlp(sizes: Sequence[int], seed: int = 0) -> torch.nn.Sequential:

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from perflab.core.config import RunConfig
+from perflab.core.config import TOKEN_MODELS, RunConfig
+from perflab.data.tokens import VOCAB_SIZE
 from perflab.models import build_model
 from perflab.core.result import RunResult
 from perflab.analysis.peak import PeakFlops, dtype_of, peak_flops
@@ -88,7 +89,8 @@ def _counted(fn) -> tuple[int, dict[str, int], object]:
 
 def count_flops(model: RunConfig | torch.nn.Module, *, batch_size: int | None = None,
                 image_size: int | None = None, num_classes: int = 10,
-                checkpointing: str | int | None = None) -> FlopCount:
+                checkpointing: str | int | None = None, seq_len: int | None = None
+                ) -> FlopCount:
     """Count one training step's FLOPs with ``torch.utils.flop_counter.FlopCounterMode``.
 
     The step (forward + cross-entropy, then backward) runs on the ``meta`` device (shapes
@@ -97,14 +99,18 @@ def count_flops(model: RunConfig | torch.nn.Module, *, batch_size: int | None = 
     with it: the difference is what checkpointing recomputes.
 
     Args:
-        model: a :class:`RunConfig` (its model, image_size, batch_size and checkpointing)
-            or an ``nn.Module`` mapping (B, 3, S, S) float32 to (B, num_classes) logits.
+        model: a :class:`RunConfig` (its model, image_size or seq_len, batch_size and
+            checkpointing), or an ``nn.Module`` mapping (B, 3, S, S) float32 to
+            (B, num_classes) logits, or, with ``seq_len``, (B, T) int64 tokens to
+            (B, T, vocab) logits (a :class:`perflab.models.GPT`).
         batch_size: samples per step (>= 1); default the config's (or 1 for a module).
         image_size: S in pixels (>= 16); default the config's (or 224 for a module).
         num_classes: classes of the final layer when built from a config (the embedded
             dataset has 10).
         checkpointing: overrides the config's setting; for a module it must have
-            ``set_checkpointing`` (perflab's ResNet).
+            ``set_checkpointing`` (perflab's ResNet and GPT).
+        seq_len: tokens per sample T for a token model (default: the config's for a
+            token-model config; a module is fed images unless it is given).
 
     Returns:
         A :class:`FlopCount` (integer FLOPs per step).
@@ -117,6 +123,9 @@ def count_flops(model: RunConfig | torch.nn.Module, *, batch_size: int | None = 
         batch_size = model.batch_size if batch_size is None else batch_size
         image_size = model.image_size if image_size is None else image_size
         checkpointing = model.checkpointing if checkpointing is None else checkpointing
+        if model.model in TOKEN_MODELS:
+            seq_len = model.seq_len if seq_len is None else seq_len
+            num_classes = VOCAB_SIZE
         net = build_model(model.model, num_classes)
     else:
         batch_size = 1 if batch_size is None else batch_size
@@ -134,11 +143,21 @@ def count_flops(model: RunConfig | torch.nn.Module, *, batch_size: int | None = 
     net = copy.deepcopy(net).to("meta").train()
     if hasattr(net, "set_checkpointing"):
         net.set_checkpointing("none")
-    x = torch.empty(batch_size, 3, image_size, image_size, device="meta")   # (B, 3, S, S)
-    y = torch.zeros(batch_size, dtype=torch.int64, device="meta")           # (B,)
+    if seq_len is not None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"seq_len must be an int >= 1 token, got {seq_len!r}")
+        x = torch.zeros(batch_size, seq_len, dtype=torch.int64, device="meta")  # (B, T)
+        y = torch.zeros(batch_size * seq_len, dtype=torch.int64, device="meta")  # (B*T,)
+    else:
+        x = torch.empty(batch_size, 3, image_size, image_size, device="meta")  # (B, 3, S, S)
+        y = torch.zeros(batch_size, dtype=torch.int64, device="meta")          # (B,)
+
+    def loss_of() -> torch.Tensor:
+        logits = net(x)
+        return F.cross_entropy(logits.flatten(0, 1) if logits.dim() == 3 else logits, y)
 
     def step_flops() -> tuple[int, int, dict[str, int]]:
-        fwd, by_op, loss = _counted(lambda: F.cross_entropy(net(x), y))
+        fwd, by_op, loss = _counted(loss_of)
         bwd, _, _ = _counted(lambda: loss.backward())  # type: ignore[union-attr]
         net.zero_grad(set_to_none=True)
         return fwd, bwd, by_op

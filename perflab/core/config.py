@@ -18,17 +18,21 @@ from typing import Any, Literal
 
 import torch
 
+from perflab.core.config_checks import COMM_HOOKS, MAX_WORLD_SIZE, check_distributed  # noqa: F401
 from perflab.core.devices import DEVICES, check_device_support, resolve_device
 from perflab.core.simulated import SimulatedLink, Straggler
 
 __all__ = ["RunConfig", "PRESETS", "MODELS", "CACHE_MODES", "COMM_HOOKS"]
 
-MODELS = ("resnet18", "tiny")
+MODELS = ("resnet18", "gpt-tiny", "tiny")
+#: Models that read token sequences, not images (kept equal to perflab.models.TOKEN_MODELS).
+TOKEN_MODELS = ("gpt-tiny",)
+#: Longest sequence of a token model (GPT_TINY's max_seq_len).
+MAX_SEQ_LEN = 256
 AMP_MODES = ("off", "bf16", "fp16")
 CACHE_MODES = ("off", "memory", "mmap")
 #: Largest simulated per-file storage latency accepted (ms): beyond it a run crawls.
 MAX_STORAGE_LATENCY_MS = 1000.0
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
                  "max-autotune-no-cudagraphs")
 #: Upper bounds: beyond them a value is almost surely a typo (``batch_size=32000``) that
@@ -38,7 +42,6 @@ MAX_BATCH_SIZE = 4096
 MAX_STEPS = 100_000
 MAX_WORKERS = 64
 MAX_THREADS = 1024
-MAX_WORLD_SIZE = 64
 MAX_LR = 100.0
 
 
@@ -66,12 +69,17 @@ class RunConfig:
     device: str = "auto"
     """"auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N" or "mps"."""
 
-    model: Literal["resnet18", "tiny"] = "resnet18"
-    """"resnet18" (torchvision-compatible ImageNet ResNet-18) or "tiny" (tests)."""
+    model: Literal["resnet18", "gpt-tiny", "tiny"] = "resnet18"
+    """"resnet18" (torchvision-compatible ImageNet ResNet-18), "gpt-tiny" (a small GPT on
+    byte tokens, :data:`perflab.models.GPT_TINY`) or "tiny" (tests)."""
 
     dataset: str | None = None
     """Path to an ImageFolder root containing ``train/`` (and ``val/``) with one folder
-    per class. None -> the embedded photo-patches set, built on first use."""
+    per class. None -> the embedded photo-patches set, built on first use (for
+    "gpt-tiny": perflab's own docstrings as bytes, :mod:`perflab.data.tokens`)."""
+
+    seq_len: int = 128
+    """Tokens per sample of a token model ("gpt-tiny"), 2..256; unused by image models."""
 
     image_size: int = 64
     """Training crop side in pixels (RandomResizedCrop output), >= 16."""
@@ -227,20 +235,39 @@ class RunConfig:
              f"device_prefetch must be True or False, got {self.device_prefetch!r}")
         need(isinstance(self.compute_only, bool),
              f"compute_only must be True or False, got {self.compute_only!r}")
-        self._check_distributed(need)
+        check_distributed(self, need)
+        self._check_model(need)
         ckpt = self.checkpointing
         need((isinstance(ckpt, str) and ckpt in ("none", "per_stage"))
              or (isinstance(ckpt, int) and not isinstance(ckpt, bool) and ckpt >= 1),
              f"checkpointing must be 'none', 'per_stage' or an int >= 1 (segments), "
              f"got {ckpt!r}")
-        need(ckpt == "none" or self.model == "resnet18",
-             f"checkpointing={ckpt!r} needs model='resnet18' (the tiny model has no stages)")
-        need(not (isinstance(ckpt, int) and ckpt > 5),
-             f"checkpointing={ckpt} segments, but ResNet-18 has 5 stages; use 1..5")
+        need(ckpt == "none" or self.model != "tiny",
+             f"checkpointing={ckpt!r} needs model='resnet18' or 'gpt-tiny' (the tiny model "
+             "has no stages)")
+        stages = 4 if self.model in TOKEN_MODELS else 5
+        need(not (isinstance(ckpt, int) and ckpt > stages),
+             f"checkpointing={ckpt} segments, but {self.model} has {stages} stages; use "
+             f"1..{stages}")
         need(self.dataset is None or isinstance(self.dataset, (str, os.PathLike)),
              f"dataset must be None or a folder path (str), got {self.dataset!r}")
         if not _RESTORING.get():
             self.check_machine()
+
+    def _check_model(self, need: Any) -> None:
+        """A token model's fields: seq_len in range, no image-only knob, a text dataset."""
+        sl = self.seq_len
+        need(isinstance(sl, int) and not isinstance(sl, bool) and 2 <= sl <= MAX_SEQ_LEN,
+             f"seq_len must be an int in 2..{MAX_SEQ_LEN} tokens, got {sl!r}")
+        if self.model in TOKEN_MODELS:
+            image_only = [name for name, on in (
+                ("channels_last", self.channels_last),
+                ("decoded_cache", self.decoded_cache != "off"),
+                ("storage_latency_ms", self.storage_latency_ms != 0),
+                ("dataset", self.dataset is not None)) if on]
+            need(not image_only, f"{', '.join(image_only)}: for image models only; "
+                 f"model={self.model!r} trains on the built-in byte corpus: leave them at "
+                 "their defaults")
 
     def check_machine(self) -> None:
         """What this machine must have to run the config: the named device, what it
@@ -261,47 +288,6 @@ class RunConfig:
         if needs_device or self.device != "auto":
             dev = resolve_device(self.device)  # raises when the named device is missing
             check_device_support(self, dev)
-
-    def _check_distributed(self, need: Any) -> None:
-        """World size, DDP knobs, simulated link and straggler, each naming the fix."""
-        ws = self.world_size
-        need(isinstance(ws, int) and not isinstance(ws, bool) and 1 <= ws <= MAX_WORLD_SIZE,
-             f"world_size must be an int in 1..{MAX_WORLD_SIZE} (ranks on this machine), "
-             f"got {ws!r}")
-        need(_real(self.bucket_cap_mb) and 0 < self.bucket_cap_mb <= 4096,
-             f"bucket_cap_mb must be a number of MiB in (0, 4096], got {self.bucket_cap_mb!r}")
-        need(isinstance(self.gradient_as_bucket_view, bool),
-             f"gradient_as_bucket_view must be True or False, got "
-             f"{self.gradient_as_bucket_view!r}")
-        need(isinstance(self.comm_hook, str) and self.comm_hook in COMM_HOOKS,
-             f"comm_hook must be one of {COMM_HOOKS}, got {self.comm_hook!r}")
-        acc = self.accumulation_steps
-        need(isinstance(acc, int) and not isinstance(acc, bool) and 1 <= acc <= 1024,
-             f"accumulation_steps must be an int in 1..1024, got {acc!r}")
-        need(self.link is None or isinstance(self.link, SimulatedLink),
-             f"link must be None or a SimulatedLink (e.g. SimulatedLink.preset('1gbe')), "
-             f"got {self.link!r}")
-        need(self.straggler is None or isinstance(self.straggler, Straggler),
-             f"straggler must be None or a Straggler(rank=..., delay_s=...), "
-             f"got {self.straggler!r}")
-        if ws == 1:
-            used = [name for name, on in (
-                ("bucket_cap_mb", self.bucket_cap_mb != 25.0),
-                ("gradient_as_bucket_view", self.gradient_as_bucket_view),
-                ("comm_hook", self.comm_hook != "none"),
-                ("link", self.link is not None),
-                ("straggler", self.straggler is not None)) if on]
-            need(not used, f"{', '.join(used)} only apply to data-parallel runs; set "
-                 "world_size >= 2 (perflab.run launches the ranks)")
-        if self.straggler is not None and isinstance(ws, int):
-            need(self.straggler.rank < ws,
-                 f"straggler.rank={self.straggler.rank} but world_size={ws}; use a rank "
-                 f"in 0..{ws - 1}")
-        need(not (self.link is not None and self.comm_hook == "powersgd"),
-             "link= (simulated interconnect) cannot be combined with comm_hook='powersgd'"
-             " (its messages are not one allreduce per bucket); use comm_hook 'none', "
-             "'fp16' or 'bf16'")
-
 
     # ------------------------------------------------------------------------------------
     @classmethod

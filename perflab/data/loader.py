@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from perflab.core.config import RunConfig
+from perflab.core.config import TOKEN_MODELS, RunConfig
 from perflab.core.paths import EMBEDDED_NAME
 from perflab.data.augment import fallback_crop_size
 from perflab.data.dataset import ensure_dataset
@@ -257,7 +257,9 @@ class ImageFolderDataset(torch.utils.data.Dataset):
 
 
 def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.DataLoader:
-    """DataLoader over ``config.dataset`` (None -> the embedded set, built if missing).
+    """DataLoader over ``config.dataset`` (None -> the embedded set, built if missing);
+    for a token model ("gpt-tiny") over the byte corpus of :mod:`perflab.data.tokens`,
+    batches (int64 ``(B, T)`` tokens, int64 ``(B, T)`` next tokens), T = ``seq_len``.
 
     Batches: (float32 ``(B, 3, S, S)``, int64 ``(B,)``) with B = ``config.batch_size``,
     S = ``config.image_size``; ``drop_last=True`` so every step has the same shape.
@@ -283,8 +285,10 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
         ValueError: the split has fewer samples than batch_size, or its classes differ
             from ``train/``'s (labels would not match).
     """
-    root = Path(config.dataset).expanduser() if config.dataset else ensure_dataset()
     train = split == "train"
+    if config.model in TOKEN_MODELS:
+        return _token_loader(config, split)
+    root = Path(config.dataset).expanduser() if config.dataset else ensure_dataset()
     dataset = ImageFolderDataset(root, split, image_size=config.image_size, train=train,
                                  storage_latency_s=config.storage_latency_ms / 1e3)
     if not train and (root / "train").is_dir():
@@ -317,6 +321,26 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
     return torch.utils.data.DataLoader(
         dataset, batch_size=config.batch_size, shuffle=train, generator=generator,
         drop_last=True, **kwargs)
+
+
+def _token_loader(config: RunConfig, split: str) -> torch.utils.data.DataLoader:
+    """A token model's loader: :class:`perflab.data.tokens.TokenDataset` windows of
+    ``config.seq_len`` tokens, batches (int64 ``(B, T)``, int64 ``(B, T)``), shuffled
+    by a generator seeded with ``config.seed`` on the train split, ``drop_last``."""
+    from perflab.data.tokens import TokenDataset
+
+    dataset = TokenDataset(config.seq_len, split)
+    if len(dataset) < config.batch_size:
+        raise ValueError(f"the {split} split of the byte corpus has {len(dataset)} windows "
+                         f"of seq_len={config.seq_len}, fewer than batch_size="
+                         f"{config.batch_size}; lower batch_size or seq_len")
+    kwargs: dict[str, Any] = dict(num_workers=config.num_workers, pin_memory=config.pin_memory,
+                                  persistent_workers=config.persistent_workers)
+    if config.prefetch_factor is not None:
+        kwargs["prefetch_factor"] = config.prefetch_factor
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=config.batch_size, shuffle=split == "train",
+        generator=torch.Generator().manual_seed(config.seed), drop_last=True, **kwargs)
 
 
 def infinite_batches(loader: torch.utils.data.DataLoader) -> Iterator[Any]:

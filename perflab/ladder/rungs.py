@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from perflab.core.config import RunConfig
+from perflab.core.config import TOKEN_MODELS, RunConfig
 from perflab.analysis.max_batch import GIB, cpu_step_bytes, find_max_batch
 from perflab.core.measurement import Measurement
 from perflab.core.result import RunResult
@@ -122,8 +122,15 @@ def unavailable(rung: str, config: RunConfig) -> str | None:
             return f"CPU only: on {dev} the device computes; host threads only feed it"
         if torch.get_num_threads() < 2:
             return "one intra-op thread already"
-    if rung == "larger_batch" and config.model != "resnet18":
+    if rung == "larger_batch" and config.model == "tiny":
         return f"model={config.model!r} has no stages to checkpoint"
+    if rung == "larger_batch" and config.model != "resnet18":
+        return (f"model={config.model!r}: the checkpointed batch search "
+                "(find_max_batch) measures image models only")
+    if config.model in TOKEN_MODELS and rung in ("data_loading", "channels_last"):
+        return (f"model={config.model!r} reads tokens from memory: no JPEG decode to "
+                "cache and no image layout" if rung == "data_loading" else
+                f"model={config.model!r} has no image tensors for an NHWC layout")
     return None
 
 

@@ -116,8 +116,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor | None, y: torch.Tensor |
     model itself (:func:`build_training`).
 
     Args:
-        model: maps (B, 3, H, W) float images to (B, num_classes) logits; a
-            ``DistributedDataParallel`` on a rank.
+        model: maps (B, 3, H, W) float images to (B, num_classes) logits, or (B, T)
+            int64 tokens to (B, T, vocab) logits (the loss is then the mean over all
+            B x T next-token predictions); a ``DistributedDataParallel`` on a rank.
         x, y: the first micro-batch, images (B, 3, H, W) float32 and class indices (B,)
             int64 on the model's device; None when ``next_batch`` gives every
             micro-batch (then its wait is timed as the "data" phase).
@@ -168,6 +169,8 @@ def train_step(model: torch.nn.Module, x: torch.Tensor | None, y: torch.Tensor |
                     wait("before_forward")
                 with torch.autocast(x.device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):
                     logits = model(x)                      # (B, num_classes), low precision
+                    if logits.dim() == 3:                  # a token model: (B, T, vocab)
+                        logits, y = logits.flatten(0, 1), y.flatten()
                     loss = F.cross_entropy(logits, y)      # 0-d fp32 (autocast keeps it)
                 if accumulation_steps > 1:
                     loss = loss / accumulation_steps       # mean over the micro-batches

@@ -154,3 +154,19 @@ def test_flopcount_repr_gives_gflops_per_sample():
     f = FlopCount(batch_size=2, forward_flops=2_000_000_000, backward_flops=4_000_000_000,
                   recompute_flops=0, by_op={})
     assert repr(f).startswith("FlopCount(per sample: forward 1.000 GFLOPs, backward 2.000")
+
+
+def test_gpt_flops_match_the_palm_formula_within_one_percent():
+    """Training FLOPs per token ~ 6 N + 12 L d T (Chowdhery et al. 2022, PaLM, appendix B;
+    N: the matmul parameters, i.e. all but the position embedding): FlopCounterMode agrees
+    within 1 % (the rest: LayerNorm and biases, which are parameters but no matmul)."""
+    from perflab.models import gpt_tiny
+    m = gpt_tiny()
+    n = sum(p.numel() for p in m.parameters()) - m.pos_emb.weight.numel()
+    for batch, seq in ((2, 32), (4, 128)):
+        f = count_flops(RunConfig(model="gpt-tiny", batch_size=batch, seq_len=seq))
+        analytic = batch * seq * (6 * n + 12 * 4 * 128 * seq)
+        assert abs(f.model_flops / analytic - 1) < 0.01, (batch, seq, f.model_flops, analytic)
+        assert f.backward_flops == 2 * f.forward_flops
+    ck = count_flops(RunConfig(model="gpt-tiny", batch_size=2, seq_len=32, checkpointing="per_stage"))
+    assert 0 < ck.recompute_flops < ck.forward_flops           # the blocks, not the head

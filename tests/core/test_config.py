@@ -31,7 +31,7 @@ from perflab.core.devices import resolve_device
     (dict(checkpointing="all"), "checkpointing must be 'none', 'per_stage' or an int"),
     (dict(checkpointing=0), "checkpointing must be 'none', 'per_stage' or an int"),
     (dict(checkpointing=True), "checkpointing must be 'none', 'per_stage' or an int"),
-    (dict(checkpointing=6), "ResNet-18 has 5 stages"),
+    (dict(checkpointing=6), "resnet18 has 5 stages"),
     (dict(checkpointing="per_stage", model="tiny"), "needs model='resnet18'"),
     (dict(storage_latency_ms=-1), "storage_latency_ms must be a number of milliseconds"),
     (dict(storage_latency_ms=5000), r"in 0\.\.\.1000 \(0 = off\)"),

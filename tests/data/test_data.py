@@ -230,3 +230,39 @@ def test_cached_loader(patches, tmp_path, monkeypatch):
     assert x.dtype == torch.uint8 and x.shape == (4, 3, 20, 20) and y.shape == (4,)
     val = make_loader(cfg.replace(decoded_cache="memory"), split="val")  # no cache for eval
     assert val.dataset.__class__.__name__ == "ImageFolderDataset"
+
+
+# -- the byte corpus of gpt-tiny -----------------------------------------------------------
+def test_token_dataset_is_next_byte_prediction_over_perflab_docs():
+    from perflab.data.tokens import TRAIN_FRACTION, TokenDataset, corpus, fingerprint
+    text = corpus()
+    assert len(text) > 100_000 and text.decode("utf-8").startswith("perflab")
+    assert len(fingerprint()) == 16
+    train, val = TokenDataset(64, "train"), TokenDataset(64, "val")
+    x, y = train[3]
+    assert x.shape == y.shape == (64,) and x.dtype == torch.int64
+    assert torch.equal(x[1:], y[:-1])                         # y is x shifted by one
+    assert bytes(x.tolist()) == text[3 * 64: 4 * 64]
+    assert len(train) == (int(len(text) * TRAIN_FRACTION) - 1) // 64
+    assert bytes(val[0][0].tolist()) == text[int(len(text) * TRAIN_FRACTION):][:64]
+    assert len(train.classes) == 256
+    with pytest.raises(ValueError, match="seq_len"):
+        TokenDataset(1)
+    with pytest.raises(ValueError, match="split"):
+        TokenDataset(8, "test")
+    with pytest.raises(IndexError):
+        train[len(train)]
+
+
+def test_gpt_loader_and_config_rules():
+    from perflab import RunConfig
+    from perflab.data.loader import make_loader
+    c = RunConfig(model="gpt-tiny", batch_size=4, seq_len=32)
+    x, y = next(iter(make_loader(c)))
+    assert x.shape == y.shape == (4, 32) and x.dtype == torch.int64
+    for bad, msg in ((dict(channels_last=True), "channels_last: for image models only"),
+                     (dict(decoded_cache="memory"), "decoded_cache"),
+                     (dict(seq_len=300), "seq_len must be an int in 2..256"),
+                     (dict(checkpointing=5), "gpt-tiny has 4 stages")):
+        with pytest.raises(ValueError, match=msg):
+            RunConfig(model="gpt-tiny", **bad)

@@ -162,3 +162,60 @@ def test_per_stage_checkpointing_halves_saved_activations():
     full = saved_activation_bytes(m, x, y).nbytes
     m.set_checkpointing("per_stage")
     assert saved_activation_bytes(m, x, y).nbytes <= 0.55 * full
+
+
+# -- gpt-tiny --------------------------------------------------------------------------
+def test_gpt_tiny_shapes_params_and_tied_head():
+    from perflab.models import GPT_TINY, gpt_tiny
+    m = gpt_tiny()
+    x = torch.randint(0, 256, (2, 16))
+    assert m(x).shape == (2, 16, 256) and m(x).dtype == torch.float32
+    assert m.head.weight is m.tok_emb.weight
+    assert sum(p.numel() for p in m.parameters()) == 858_880
+    assert GPT_TINY["max_seq_len"] == 256
+    with pytest.raises(ValueError, match="max_seq_len"):
+        m(torch.zeros(1, 257, dtype=torch.int64))
+    with pytest.raises(ValueError, match="d_model % n_head"):
+        from perflab.models import GPT
+        GPT(vocab_size=10, n_layer=1, n_head=3, d_model=8, max_seq_len=4)
+
+
+def test_gpt_is_causal():
+    """A position's logits do not depend on later tokens (is_causal=True)."""
+    from perflab.models import gpt_tiny
+    torch.manual_seed(0)
+    m = gpt_tiny().eval()
+    x = torch.randint(0, 256, (1, 12))
+    y = x.clone()
+    y[0, 8:] = (y[0, 8:] + 1) % 256
+    with torch.no_grad():
+        a, b = m(x), m(y)
+    assert torch.allclose(a[0, :8], b[0, :8], atol=1e-6)
+    assert not torch.allclose(a[0, 8:], b[0, 8:])
+
+
+@pytest.mark.parametrize("mode", ["per_stage", 2])
+def test_gpt_checkpointing_keeps_gradients(mode):
+    from perflab.models import gpt_tiny
+    torch.manual_seed(0)
+    m = gpt_tiny()
+    x = torch.randint(0, 256, (2, 8))
+
+    def grads(model):
+        model.zero_grad()
+        model(x).float().logsumexp(-1).mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads(m)
+    m.set_checkpointing(mode)
+    for a, b in zip(plain, grads(m)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="1..4 segments"):
+        m.set_checkpointing(5)
+
+
+def test_build_model_names_gpt():
+    from perflab.models import GPT, build_model
+    assert isinstance(build_model("gpt-tiny", 256), GPT)
+    with pytest.raises(ValueError, match="gpt-tiny"):
+        build_model("gpt2", 10)
