@@ -5,13 +5,17 @@ differently passes, wrong answers fail on a hidden case.
 * the least-squares fit and the overlap efficiency: pure functions on hidden cases, in
   this process;
 * the data-parallel file (a sum instead of an average, blocking or late allreduces,
-  buckets in the wrong order or with the wrong cap, a wrapper around DDP, an fp32 or
-  borrowed hook): a live run. The lab's one launch runs the student's file on the check
+  buckets in the wrong order or with the wrong cap, an over-cap parameter given a bucket
+  of its own, a first-bucket cap ignored, a wrapper around DDP, an fp32 or borrowed
+  hook): a live run, plus ``bucket_assignment`` on drawn size lists judged against
+  torch's ``_compute_bucket_assignment_by_size``. The lab's one launch runs the student's file on the check
   model and on a second MLP with caps that make 1, 2 and 3 buckets; the graded part
   reads what the ranks recorded and the grader recomputes the ranks' mean gradient and
   DDP's bucket assignment on its side. Here one launch runs every file on those runs,
   and the grader's references are checked against DistributedDataParallel itself."""
 from __future__ import annotations
+
+import types
 
 import numpy as np
 import pytest
@@ -19,9 +23,8 @@ import pytest
 from tests.conftest import slow
 from tests.labs.labcheck import Lab, grade_reference_and_wrong
 from perflab.course.checks import split_check
-from perflab.labs.lab06.checks import GRAD_ATOL, GRAD_RTOL, compare_rank
+from perflab.labs.lab06.checks import GRAD_ATOL, GRAD_RTOL, compare_rank, edge_mlp
 from perflab.analysis.collectives import recorded_allreduce_sweep
-from perflab.models import mlp
 from perflab.distributed import launch_fn
 
 LAB = Lab("06")
@@ -168,16 +171,30 @@ _GOOD_MYDDP_INIT = "        self._in_flight = []                 # (bucket index
 _HOOK_LINE = "    half = bucket.buffer().to(torch.float16).div_(group.size())\n"
 
 
+#: bucket_assignment written differently: a running total, the cap looked up per bucket
+_HONEST_ASSIGNMENT = (
+    "    caps = [bucket_cap_bytes] if first_bucket_cap_bytes is None else [first_bucket_cap_bytes]\n"
+    "    out, start, total = [], 0, 0\n"
+    "    for i, n in enumerate(param_bytes):\n"
+    "        total += n\n"
+    "        if total >= (caps[0] if not out else bucket_cap_bytes):\n"
+    "            out.append(list(range(start, i + 1)))\n"
+    "            start, total = i + 1, 0\n"
+    "    return out + ([list(range(start, len(param_bytes)))] if start < len(param_bytes) else [])\n")
+
+
 def _honest_file() -> str:
-    """The exercises written differently: divide before the per-parameter allreduce, MyDDP
-    sizes its buckets with ``nbytes`` and divides after the allreduce, the hook divides
-    after the fp16 allreduce."""
+    """The exercises written differently: divide before the per-parameter allreduce,
+    ``bucket_assignment`` with a running total, MyDDP sizes its buckets with ``nbytes``
+    and divides after the allreduce, the hook divides after the fp16 allreduce."""
     out = _REF
     for old, new in [
         ("            dist.all_reduce(p.grad)          # sum over the ranks, in place\n"
          "            p.grad.div_(world_size)          # ... then the average\n",
          "            p.grad /= world_size\n            dist.all_reduce(p.grad)\n"),
-        ("size += p.numel() * p.element_size()", "size += p.nbytes"),
+        ("[p.numel() * p.element_size() for p in ready]", "[p.nbytes for p in ready]"),
+        (_REF[_REF.index("    buckets, bucket, size = [], [], 0\n"):_REF.index("    ### END SOLUTION\n\n\nclass MyDDP")],
+         _HONEST_ASSIGNMENT),
         ("            flat.div_(dist.get_world_size())\n", ""),
         ("p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))",
          "p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / dist.get_world_size())"),
@@ -213,10 +230,30 @@ STUDENT_FILES = {
         "            self._in_flight.append((i, flat, dist.all_reduce(flat, async_op=True)))\n"
         "        for i, flat, work in self._in_flight:\n"), {"check_my_ddp"}),
     # buckets in forward order
-    "forward_order": (_REF.replace("for p in reversed(params):", "for p in params:"),
+    "forward_order": (_REF.replace("ready = list(reversed(params))", "ready = list(params)"),
                       {"check_my_ddp"}),
+    # issue 26: a parameter over the cap closes the open bucket and gets one of its own
+    "own_bucket": (_REF.replace(
+        "        bucket.append(i)                     # a parameter over the cap joins the open bucket\n",
+        "        if nbytes >= cap and bucket:\n"
+        "            buckets.append(bucket)\n"
+        "            bucket, size = [], 0\n"
+        "            cap = bucket_cap_bytes\n"
+        "        bucket.append(i)\n"), {"check_my_ddp"}),
+    # the first-bucket cap ignored: right on every live run (no first cap there), wrong on
+    # the hidden size lists that have one
+    "no_first_cap": (_REF.replace("        cap = first_bucket_cap_bytes if (first_bucket_cap_bytes is not None\n"
+                                  "                                         and not buckets) else bucket_cap_bytes\n",
+                                  "        cap = bucket_cap_bytes\n"), {"check_my_ddp"}),
     # a bucket closes only once it is strictly over the cap
     "strict_cap": (_REF.replace("if size >= cap:", "if size > cap:"), {"check_my_ddp"}),
+    # CS336's edge cases: a frozen parameter given a bucket (its hook cannot be registered,
+    # and its gradient never comes), a tied weight listed twice
+    "frozen_in_bucket": (_REF.replace("params = [p for p in module.parameters() if p.requires_grad]",
+                                      "params = list(module.parameters())"), {"check_my_ddp"}),
+    "tied_twice": (_REF.replace("params = [p for p in module.parameters() if p.requires_grad]",
+                                "params = [p for _, p in module.named_parameters(remove_duplicate=False)"
+                                " if p.requires_grad]"), {"check_my_ddp"}),
     # DDP does the work
     "wraps_ddp": (_REF.replace(
         _GOOD_MYDDP_INIT, _GOOD_MYDDP_INIT + "        self._ddp = torch.nn.parallel."
@@ -261,7 +298,7 @@ def _grader(gid: str) -> dict:
 
 #: The runs of the lab's launch the graded checks judge, as the grader knows them:
 #: compare_rank's arguments after the module name.
-RUNS = [[c["sizes"], c["bucket_cap_mb"], c["steps"], c["batch"], c["lr"], c["seed"]]
+RUNS = [[c["sizes"], c["bucket_cap_mb"], c["steps"], c["batch"], c["lr"], c["seed"], c["edges"]]
         for c in _grader("check_my_ddp")["lab06_live_runs"]()]
 
 
@@ -290,26 +327,48 @@ def ranks(tmp_path_factory):
             for name in STUDENT_FILES}
 
 
-def _lab_globals(runs: list) -> dict:
+def _student_module(name: str) -> types.ModuleType:
+    """The file ``name`` imported as the notebook imports ``ddp_student``."""
+    mod = types.ModuleType("ddp_student")
+    exec(compile(STUDENT_FILES[name][0], f"ddp_wrong_{name}.py", "exec"), mod.__dict__)  # noqa: S102
+    return mod
+
+
+def _lab_globals(runs: list, name: str = "reference") -> dict:
     """What the lab's launch cell leaves in the notebook: ``checked`` (the check model)
-    and ``checked_caps`` (the second MLP's caps), each ``[rank 0, rank 1]``."""
+    and ``checked_caps`` (the second MLP's caps), each ``[rank 0, rank 1]``, and the
+    imported file ``ddp_student``."""
     return {"__name__": "__main__", "checked": runs[0], "checked_caps": runs[1:], "np": np,
-            "CHECK_STEPS": CHECK_STEPS, "CAP_ARGS": [tuple(c) for c in RUNS[1:]]}
+            "CHECK_STEPS": CHECK_STEPS, "CAP_ARGS": [tuple(c) for c in RUNS[1:]],
+            "ddp_student": _student_module(name)}
 
 
 def test_the_grader_knows_the_labs_runs(lab_ns):
     """The runs the graded checks judge are the ones the lab's launch makes: the check
-    model, then the second MLP with caps that make 1, 2 and 3 buckets, each cap the
-    bytes of its first bucket exactly (so closing a bucket only strictly over the cap
-    differs); the grader's bucket assignment says so."""
-    assert RUNS[0] == [lab_ns["CHECK_SIZES"], lab_ns["CHECK_CAP_MB"], lab_ns["CHECK_STEPS"], 4, 0.1, 0]
-    assert RUNS[1:] == [list(c) for c in lab_ns["CAP_ARGS"]]
-    buckets = _grader("check_my_ddp")["lab06_ddp_buckets"]
-    assert [len(buckets(c[0], c[1])) for c in RUNS] == [3, 1, 2, 3]
-    for sizes, cap_mb, *_ in RUNS:
-        params = list(mlp(sizes).parameters())
-        first = buckets(sizes, cap_mb)[0]
+    model, then the second MLP with caps that make 1, 2 and 3 buckets, then the MLP with
+    a tied weight and a frozen bias, each cap the bytes of its first bucket exactly (so
+    closing a bucket only strictly over the cap differs); the grader's bucket assignment
+    says so, leaves the frozen bias out, lists the shared weight once, and puts it (over
+    the cap) in a bucket after a small bias."""
+    assert RUNS[0] == [lab_ns["CHECK_SIZES"], lab_ns["CHECK_CAP_MB"], lab_ns["CHECK_STEPS"], 4, 0.1, 0, False]
+    assert RUNS[1:] == [list(c) + [False] * (7 - len(c)) for c in lab_ns["CAP_ARGS"]]
+    assert [r[6] for r in RUNS] == [False, False, False, False, True]
+    grader = _grader("check_my_ddp")
+    buckets = grader["lab06_ddp_buckets"]
+    assert [len(buckets(c[0], c[1], c[6])) for c in RUNS] == [3, 1, 2, 3, 3]
+    for sizes, cap_mb, *_, edges in RUNS:
+        params = list(grader["lab06_model"](sizes, 0, edges).parameters())
+        first = buckets(sizes, cap_mb, edges)[0]
         assert sum(params[i].numel() * 4 for i in first) == round(cap_mb * 2**20)
+    sizes, cap_mb, *_ = RUNS[-1]
+    model = edge_mlp(sizes)
+    params = list(model.parameters())
+    shared = next(i for i, p in enumerate(params) if p is model[4].weight)
+    frozen = next(i for i, p in enumerate(params) if not p.requires_grad)
+    got = buckets(sizes, cap_mb, True)
+    assert sorted(i for b in got for i in b) == [i for i in range(len(params)) if i != frozen]
+    (b,) = [b for b in got if shared in b]
+    assert len(b) == 2 and params[shared].numel() * 4 > cap_mb * 2**20 > params[b[0]].numel() * 4
 
 
 @pytest.mark.parametrize("name", sorted(STUDENT_FILES))
@@ -317,7 +376,7 @@ def test_the_grader_knows_the_labs_runs(lab_ns):
 def test_student_files(name, ranks):
     failing = STUDENT_FILES[name][1]
     for gid in CHECKS:
-        verdict = LAB.judge(_lab_globals(ranks[name]), gid)
+        verdict = LAB.judge(_lab_globals(ranks[name], name), gid)
         if gid in failing:
             assert _fails_on_a_hidden_case(verdict), (name, gid, verdict)
         else:
@@ -356,13 +415,13 @@ def test_graders_references_match_ddp(ranks):
     fp16_compress_hook's gradients the fp16 mean, which the fp32 mean is not."""
     grader = _grader("check_fp16_hook")
     for config, run in zip(RUNS, ranks["reference"]):
-        sizes, cap_mb, steps, batch, lr, seed = config
+        sizes, cap_mb, steps, batch, lr, seed, edges = config
         case = {"sizes": sizes, "bucket_cap_mb": cap_mb, "steps": steps, "batch": batch,
-                "lr": lr, "seed": seed}
+                "lr": lr, "seed": seed, "edges": edges}
         want32, _ = grader["lab06_mean_grads"](case)
         want16, scales = grader["lab06_mean_grads"](case, fp16=True)
         for rank, r in enumerate(run):
-            assert r["ddp_buckets"] == grader["lab06_ddp_buckets"](sizes, cap_mb), config
+            assert r["ddp_buckets"] == grader["lab06_ddp_buckets"](sizes, cap_mb, edges), config
             grader["lab06_same_grads"](r["ddp"]["grads"], want32, rank, rtol=GRAD_RTOL)
             grader["lab06_same_grads"](r["torch_fp16"]["grads"], want16, rank, rtol=1e-3)
             with pytest.raises(AssertionError):
@@ -388,9 +447,9 @@ def test_fp16_judge_allows_the_ranks_own_rounding(ranks, monkeypatch):
     monkeypatch.setattr(torch.autograd, "grad", jittered)
     strict_failed = False
     for config, run in zip(RUNS, ranks["reference"]):
-        sizes, cap_mb, steps, batch, lr, seed = config
+        sizes, cap_mb, steps, batch, lr, seed, edges = config
         case = {"sizes": sizes, "bucket_cap_mb": cap_mb, "steps": steps, "batch": batch,
-                "lr": lr, "seed": seed}
+                "lr": lr, "seed": seed, "edges": edges}
         want16, scales = grader["lab06_mean_grads"](case, fp16=True)
         for rank, r in enumerate(run):
             grader["lab06_same_grads"](r["fp16"]["grads"], want16, rank, rtol=3e-3, scales=scales)
@@ -423,13 +482,58 @@ def test_self_checks_on_the_labs_runs(name, ranks):
     the right files and stop the wrong ones at the check that names the mistake."""
     failing = STUDENT_FILES[name][1]
     for gid in CHECKS:
-        ns = _lab_globals(ranks[name])
+        ns = _lab_globals(ranks[name], name)
         probe = split_check(LAB.cells[gid]).probe
         if gid in failing:
             with pytest.raises(AssertionError):
                 LAB.run_code(ns, probe)
         else:
             LAB.run_code(ns, probe)
+
+
+# -- bucket_assignment on the grader's drawn size lists (no launch) ---------------------------
+@pytest.mark.parametrize("seed", [0, 1, 2, "grade:ada"])
+def test_assignment_cases_and_torch_rule(seed):
+    """Every drawn size list has a small parameter right before one over the cap, some a
+    first-bucket cap; torch's rule (the grader's reference) puts the over-cap parameter in
+    the small one's bucket; the reference and the honest variant match torch on all of
+    them, and the 'own bucket' and 'no first cap' rules each miss some."""
+    import random
+
+    grader = _grader("check_my_ddp")
+    cases = grader["lab06_assignment_cases"](random.Random(seed))
+    assert len(cases) >= 6 and any(c["first_cap"] is not None for c in cases)
+    own_shared = 0
+    for c in cases:
+        b, cap = c["param_bytes"], c["cap"]
+        assert any(b[i] < cap < b[i + 1] for i in range(len(b) - 1)), c
+        want = grader["lab06_torch_assignment"](c)
+        where = {i: k for k, bucket in enumerate(want) for i in bucket}
+        own_shared += any(b[i] < cap < b[i + 1] and where[i] == where[i + 1]
+                          for i in range(len(b) - 1))
+        for name in ("reference", "honest"):
+            assert _student_module(name).bucket_assignment(b, cap, c["first_cap"]) == want, (name, c)
+    assert own_shared >= 3
+    for name in ("own_bucket", "no_first_cap", "strict_cap"):
+        mod = _student_module(name)
+        assert any(mod.bucket_assignment(c["param_bytes"], c["cap"], c["first_cap"])
+                   != grader["lab06_torch_assignment"](c) for c in cases), (name, seed)
+
+
+def test_assignment_examples_are_torchs():
+    """The three examples of the exercise text are what torch's rule gives."""
+    grader = _grader("check_my_ddp")
+    for b, cap, first, want in [([32, 1024, 128, 4096, 128, 2048], 1184, None, [[0, 1, 2], [3], [4, 5]]),
+                                ([100, 500, 100, 100], 200, None, [[0, 1], [2, 3]]),
+                                ([100] * 5, 300, 100, [[0], [1, 2, 3], [4]])]:
+        case = {"param_bytes": b, "cap": cap, "first_cap": first}
+        assert grader["lab06_torch_assignment"](case) == want
+
+
+def test_own_bucket_file_fails_the_visible_example():
+    """The text's old rule ('a parameter larger than the cap gets a bucket of its own')
+    stops at the self-check's second example."""
+    assert _student_module("own_bucket").bucket_assignment([100, 500, 100, 100], 200) == [[0], [1], [2, 3]]
 
 
 # -- the library pieces the lab reads ----------------------------------------------------------

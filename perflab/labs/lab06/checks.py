@@ -8,7 +8,9 @@
   torch's default ``allreduce_hook`` does;
 * :func:`compare_rank`: train the same seeded MLP with the student's per-parameter
   allreduce, the student's bucketed wrapper, DDP with the student's fp16 hook and plain
-  DDP; return the facts Lab 06's checks grade.
+  DDP; return the facts Lab 06's checks grade;
+* :func:`edge_mlp`: that MLP with DDP's edge cases (CS336 assignment 2): a weight shared
+  by two layers and a frozen bias.
 
 Why our own spy: the student's wrapper calls ``dist.all_reduce`` directly (DDP's own
 reducer does not go through Python), so patching that one function sees exactly the
@@ -27,7 +29,7 @@ from perflab.core.simulated import LinkModel, SimulatedLink
 from perflab.labs.checking import watch_calls
 from perflab.models import mlp, mlp_batches
 
-__all__ = ["record_allreduces", "bucket_recorder_hook", "compare_rank", "grads_of",
+__all__ = ["record_allreduces", "bucket_recorder_hook", "compare_rank", "edge_mlp", "grads_of",
            "GRAD_ATOL", "GRAD_RTOL"]
 
 #: Tolerances of the gradient comparison with DDP (fp32; DDP divides by world_size before
@@ -116,6 +118,27 @@ def bucket_recorder_hook(state: list, bucket):  # no annotations: DDP inspects t
     return default_hooks.allreduce_hook(None, bucket)
 
 
+def edge_mlp(sizes: Sequence[int], seed: int = 0) -> torch.nn.Sequential:
+    """:func:`perflab.models.mlp` with two of DDP's edge cases: the third Linear's weight
+    IS the second's (tied: ``model.parameters()`` lists it once, and autograd sums both
+    uses into one ``.grad``), and the first Linear's bias is frozen (``requires_grad=False``:
+    no gradient, so DDP leaves it out of every bucket).
+
+    Input ``(B, sizes[0])`` float32, logits ``(B, sizes[-1])``.
+
+    Raises:
+        ValueError: fewer than three Linear layers, or ``sizes[1] != sizes[2] != sizes[3]``
+            (the tied layers must be square and alike), as well as :func:`mlp`'s errors.
+    """
+    if len(sizes) < 4 or not sizes[1] == sizes[2] == sizes[3]:
+        raise ValueError(f"edge_mlp ties Linear 2's weight to Linear 1's: give >= 4 sizes with "
+                         f"sizes[1] == sizes[2] == sizes[3], got {list(sizes)!r}")
+    model = mlp(sizes, seed)
+    model[4].weight = model[2].weight      # Sequential: Linear, ReLU, Linear, ReLU, Linear, ...
+    model[0].bias.requires_grad_(False)
+    return model
+
+
 def grads_of(model: torch.nn.Module) -> list[list[float]]:
     """Every parameter's ``.grad`` flattened to a list (zeros where None), in
     ``model.parameters()`` order."""
@@ -137,8 +160,8 @@ def _train(model, step_fn, data, lr) -> tuple[list, list, list[float]]:
 
 
 def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float,
-                 steps: int = 3, batch: int = 4, lr: float = 0.1, seed: int = 0
-                 ) -> dict[str, Any]:
+                 steps: int = 3, batch: int = 4, lr: float = 0.1, seed: int = 0,
+                 edges: bool = False) -> dict[str, Any]:
     """Rank body of Lab 06's checks: the student's code and DDP on the same seeded MLP.
 
     Imports ``student_module`` (the file the lab writes with ``%%writefile``) and trains
@@ -148,6 +171,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     after backward ("bucketed"), DDP with ``register_comm_hook(None, my_fp16_hook)``
     ("fp16"), torch's ``fp16_compress_hook`` ("torch_fp16") and plain DDP with
     ``bucket_cap_mb`` ("ddp", its buckets recorded by :func:`bucket_recorder_hook`).
+    With ``edges=True`` the model is :func:`edge_mlp` (a tied weight, a frozen bias).
 
     Returns:
         ``{variant: {"grads": [[...] per parameter] per step, "params", "losses",
@@ -157,6 +181,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         the student's wrapper built or holds a DistributedDataParallel,
         ``"fp16_delegates"``: whether ``my_fp16_hook`` is or calls torch's
         ``fp16_compress_hook``, ``"numels"``: elements per parameter, ``"errors"``:
+        ``"requires_grad"``: per parameter, ``"errors"``:
         ``{variant: "Type: message"}`` for each variant whose student code raised (its
         lists are then empty; both ranks raise alike, so the launch goes on).
     """
@@ -165,6 +190,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     student = importlib.import_module(student_module)
+    build = edge_mlp if edges else mlp
     data = mlp_batches(sizes, batch, steps, dist.get_rank(), seed)
     loss_fn = torch.nn.functional.cross_entropy
     out: dict[str, Any] = {"errors": {}, "wraps_ddp": False, "fp16_delegates": False,
@@ -188,7 +214,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         out[name] = {"grads": grads, "params": params, "losses": losses,
                      "calls": calls_per_step}
 
-    model = mlp(sizes, seed)
+    model = build(sizes, seed)
 
     def per_param(x, y):
         loss = loss_fn(model(x), y)
@@ -204,7 +230,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         built.append(1)
         real_init(self, *a, **k)
     DDP.__init__ = counting_init  # counted while MyDDP is built and trained
-    inner, wrapper = mlp(sizes, seed), None
+    inner, wrapper = build(sizes, seed), None
     try:
         wrapper = student.MyDDP(inner, bucket_cap_mb=bucket_cap_mb)
     except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
@@ -226,10 +252,11 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     out["wraps_ddp"] = bool(built) or any(isinstance(m, DDP) for m in
                                           getattr(wrapper, "modules", lambda: [])())
     out["numels"] = [p.numel() for p in inner.parameters()]
+    out["requires_grad"] = [p.requires_grad for p in inner.parameters()]
 
     torch_hook = default_hooks.fp16_compress_hook
     for name, hook in (("fp16", student.my_fp16_hook), ("torch_fp16", torch_hook)):
-        ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
+        ddp = DDP(build(sizes, seed), bucket_cap_mb=bucket_cap_mb)
         ddp.register_comm_hook(None, hook)
         if name == "fp16":  # torch's hook reached while the student's runs, however named
             # DDP calls a CPU model's comm hooks in backward, on this thread
@@ -239,7 +266,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
             run(name, ddp.module, _ddp_step(ddp, loss_fn))
     out["fp16_delegates"] = student.my_fp16_hook is torch_hook or bool(delegated)
 
-    ddp = DDP(mlp(sizes, seed), bucket_cap_mb=bucket_cap_mb)
+    ddp = DDP(build(sizes, seed), bucket_cap_mb=bucket_cap_mb)
     seen: list = []
     ddp.register_comm_hook(seen, bucket_recorder_hook)
     marks = []
