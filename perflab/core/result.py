@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perflab.core.config import RunConfig
+from perflab.core.config import TOKEN_MODELS, RunConfig
 from perflab.core.measurement import Measurement
 from perflab.core.memory import PeakMemory
 from perflab.core.paths import default_results_dir
@@ -75,6 +75,14 @@ class RunResult:
         return self.config.samples_per_step / self.step.median
 
     @property
+    def tokens_per_s(self) -> float | None:
+        """A token model's throughput in tokens/s (samples/s x ``seq_len``, the unit
+        language-model papers report); None for an image model."""
+        if self.config.model not in TOKEN_MODELS:
+            return None
+        return self.samples_per_s * self.config.seq_len
+
+    @property
     def samples_per_s_ci95(self) -> tuple[float, float]:
         """95 % CI of throughput (from the median step time's CI)."""
         return self.step.samples_per_s_ci95  # type: ignore[return-value]
@@ -115,7 +123,9 @@ class RunResult:
         warn = "  (noisy: IQR > 10 % of median)" if self.step.noisy else ""
         return (f"RunResult {self.label!r} on {self.env.get('device')}: "
                 f"step {self.step.median * 1e3:.1f} ms median, "
-                f"{self.samples_per_s:,.1f} samples/s (95 % CI {lo:,.1f}-{hi:,.1f}){warn}\n"
+                f"{self.samples_per_s:,.1f} samples/s (95 % CI {lo:,.1f}-{hi:,.1f})"
+                + (f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else "")
+                + f"{warn}\n"
                 f"  phases: {shares}\n"
                 f"  peak memory {self.peak_mem_gib:.2f} GiB ({self.peak_memory.kind})")
 

@@ -266,3 +266,12 @@ def test_gpt_loader_and_config_rules():
                      (dict(checkpointing=5), "gpt-tiny has 4 stages")):
         with pytest.raises(ValueError, match=msg):
             RunConfig(model="gpt-tiny", **bad)
+
+
+def test_gpt_run_reports_tokens_per_s():
+    from perflab import RunConfig, run
+    r = run(RunConfig(model="gpt-tiny", batch_size=2, seq_len=16, steps=2, warmup_steps=0),
+            progress=False, save=False)
+    assert r.tokens_per_s == pytest.approx(r.samples_per_s * 16)
+    assert "tokens/s" in repr(r) and len(r.losses) == 2
+    assert r.losses[0] == pytest.approx(5.545, abs=0.15)     # ln(256): random weights
