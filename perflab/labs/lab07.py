@@ -3,14 +3,17 @@ detector running *inside* the training loop, and a rebalanced micro-batch.
 
 :func:`straggler_rank` is what :func:`perflab.distributed.launch_fn` runs on every rank.
 Each step a rank times its own compute (forward + backward, plus an injected delay),
-averages the gradients with one explicit ``all_reduce`` (so the time spent waiting for
-the slowest rank is measured apart from the compute), steps the optimizer, then calls
-the student's module -- a file the notebook writes with ``%%writefile`` and every
+sums the gradients of the ranks' weighted losses with one explicit ``all_reduce`` (so
+the time spent waiting for the slowest rank is measured apart from the compute), steps
+the optimizer, then calls the student's module -- a file the notebook writes with ``%%writefile`` and every
 spawned rank imports by name:
 
 * ``all_gather_times(local_s) -> list[float]``: every rank's value, in rank order;
 * ``my_detect(per_rank_times) -> list[int]``: the slow ranks (ranks x steps input);
-* ``rebalance(batch_sizes, compute_s) -> list[int]``: new per-rank micro-batch sizes.
+* ``rebalance(batch_sizes, compute_s) -> list[int]``: new per-rank micro-batch sizes;
+* ``rank_loss(logits, targets, global_batch, world_size) -> tensor``: the scalar this
+  rank back-propagates, so that the SUM of the ranks' gradients (the ``all_reduce``) is
+  the gradient of the mean loss over the global batch, whatever the split.
 
 The injected slowness is proportional: a rank slowed by ``frac`` sleeps ``frac`` x its
 own forward + backward time of that step (a device ``1 + frac`` times slower per
@@ -18,7 +21,14 @@ sample), so moving samples off it helps -- a fixed sleep would not shrink with i
 
 Why our own loop instead of DDP: DDP launches its allreduce from inside ``backward``, so
 a rank's compute and its wait for the others cannot be told apart; here the gradients
-are averaged after backward, once, weighted by each rank's share of the global batch.
+are summed after backward, once. With unequal micro-batches the sum is the global-batch
+gradient only if rank r's loss is weighted b_r / B (the mean of per-rank means, DDP's
+divide-by-world-size, is biased toward the smaller micro-batch): the student's
+``rank_loss`` does it; without one (recording runs) :func:`reference_rank_loss`.
+
+:func:`debug_rank` is the rank body of the lab's debug-output section: a few collectives
+under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` with one rank issuing a different one, the
+rank's own stderr (the C++ log) captured and returned.
 """
 from __future__ import annotations
 
@@ -34,7 +44,8 @@ import torch
 from perflab.models import mlp
 from perflab.core.timing import Stopwatch
 
-__all__ = ["straggler_rank", "reference_gather", "ThreadCpuClock"]
+__all__ = ["straggler_rank", "reference_gather", "reference_rank_loss", "debug_rank",
+           "ThreadCpuClock"]
 
 
 class ThreadCpuClock:
@@ -61,6 +72,70 @@ def reference_gather(local_s: float) -> list[float]:
     return [float(t) for t in out]
 
 
+def reference_rank_loss(logits: torch.Tensor, targets: torch.Tensor, global_batch: int,
+                        world_size: int) -> torch.Tensor:
+    """This rank's share of the global-batch mean cross-entropy: sum over its b_r samples
+    divided by ``global_batch`` (B), so the ranks' gradients SUMMED (``all_reduce``) equal
+    the gradient of the mean over all B samples for any split (b_0 + ... = B).
+
+    ``logits`` (b_r, classes) float, ``targets`` (b_r,) int64; returns a 0-d tensor.
+    ``world_size`` is unused: the weight is b_r / B, not 1 / world_size (equal only for
+    an even split). Used when the student's module has no ``rank_loss``.
+    """
+    del world_size
+    return torch.nn.functional.cross_entropy(logits, targets, reduction="sum") / global_batch
+
+
+def debug_rank(odd_rank: int, odd_op: str, shapes: Sequence[int] = (4, 3, 4),
+               log_path: str | None = None) -> dict[str, Any]:
+    """Rank body: all_reduce, broadcast, all_reduce (1-D float32 tensors of ``shapes``)
+    with rank ``odd_rank`` issuing ``odd_op`` ("broadcast", or "all_reduce" of one more
+    element) as its third collective; this rank's stderr captured meanwhile.
+
+    Run under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (set before the launch, so the ranks
+    inherit it) the process group is wrapped in a ``ProcessGroupWrapper`` that checks each
+    collective's fingerprint (op, shapes, dtypes) on every rank first and raises on a
+    mismatch; with ``TORCH_CPP_LOG_LEVEL=INFO`` it logs every collective it runs
+    (torch/csrc/distributed/c10d/ProcessGroupWrapper.cpp).
+
+    Returns ``{"rank", "log": this rank's stderr during the collectives (str), "error":
+    the exception's text or None}``.
+
+    Raises:
+        ValueError: ``odd_op`` is not "broadcast" or "all_reduce".
+    """
+    import tempfile
+    import torch.distributed as dist
+
+    if odd_op not in ("broadcast", "all_reduce"):
+        raise ValueError(f"odd_op must be 'broadcast' or 'all_reduce', got {odd_op!r}")
+    rank = dist.get_rank()
+    path = log_path or tempfile.mkstemp(prefix=f"perflab-debug-rank{rank}-")[1]
+    saved = os.dup(2)
+    error = None
+    with open(path, "w") as f:
+        os.dup2(f.fileno(), 2)          # the C++ log writes to file descriptor 2
+        try:
+            dist.all_reduce(torch.ones(shapes[0]))
+            dist.broadcast(torch.zeros(shapes[1]), src=0)
+            last = torch.zeros(shapes[2] + (rank == odd_rank and odd_op == "all_reduce"))
+            if rank == odd_rank and odd_op == "broadcast":
+                dist.broadcast(last, src=0)
+            else:
+                dist.all_reduce(last)
+        except RuntimeError as e:      # DETAIL's check raised on this rank
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+    with open(path) as f:
+        log = f.read()
+    if log_path is None:
+        os.unlink(path)
+    return {"rank": rank, "log": log, "error": error}
+
+
 def _delay(slow: dict, rank: int, step: int) -> float:
     frac = slow.get(rank, slow.get(str(rank), 0.0))
     if isinstance(frac, (list, tuple)):
@@ -74,6 +149,21 @@ def _call(errors: list, what: str, fn: Any, *args: Any) -> Any:
     except Exception as e:  # noqa: BLE001 - a student's bug is recorded, the run goes on
         errors.append(f"{what}: {type(e).__name__}: {e}"[:300])
         return None
+
+
+def _rank_loss(student: Any, logits: torch.Tensor, y: torch.Tensor, global_batch: int,
+               ws: int, errors: list) -> torch.Tensor:
+    """The student's ``rank_loss`` (or :func:`reference_rank_loss` when it has none or it
+    fails: the error is recorded and the run goes on)."""
+    fn = getattr(student, "rank_loss", None) if student is not None else None
+    if fn is not None:
+        got = _call(errors, "rank_loss", fn, logits, y, global_batch, ws)
+        if isinstance(got, torch.Tensor) and got.dim() == 0 and got.requires_grad:
+            return got
+        if got is not None:
+            errors.append(f"rank_loss returned {got!r}: not a 0-d tensor with a gradient; "
+                          "used b_r / B weighting")
+    return reference_rank_loss(logits, y, global_batch, ws)
 
 
 def _rebalanced(student: Any, prev: dict | None, gathered: list, ws: int, global_batch: int,
@@ -111,12 +201,13 @@ def _run_group(group: list[int], phases: Sequence[dict], recs: list[dict], warmu
             rec = recs[i]
             lo = sum(rec["batch_sizes"][:rank])
             x, y = pool_x[lo:lo + rec["batch_sizes"][rank]], pool_y[lo:lo + rec["batch_sizes"][rank]]
-            weight = rec["batch_sizes"][rank] / global_batch   # this rank's share of the mean
             frac = _delay(ph.get("slow", {}), rank, max(step, 0))
             with Stopwatch() as step_sw:
                 with Stopwatch() as wall, Stopwatch(clock=ThreadCpuClock()) as cpu:
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-                    (loss * weight).backward()
+                    logits = model(x)
+                    mine = _rank_loss(student, logits, y, global_batch, ws, errors)
+                    mine.backward()         # summed over ranks below: the global gradient
+                    loss = torch.nn.functional.cross_entropy(logits.detach(), y)
                     if frac > 0:
                         time.sleep(frac * wall.elapsed_s)   # the injected straggler
                 with Stopwatch() as wait:
@@ -163,7 +254,7 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
             (none | slow), then (rebalanced | slow again).
         student_module: module name of the student's file (``straggler_student`` for
             ``straggler_student.py`` in the working folder), or None: perflab's own
-            gather, no detector.
+            gather and loss weighting (:func:`reference_rank_loss`), no detector.
         sizes: the MLP's widths; input ``(b, sizes[0])`` float32, ``b`` = this rank's
             micro-batch.
         global_batch: samples per step over all ranks (>= world_size).

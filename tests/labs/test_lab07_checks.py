@@ -4,9 +4,11 @@ JSON). The reference solution passes at several seeds, an honest variant written
 differently passes, and wrong *student code* fails its check on a hidden case: a
 prediction that says "100 % slower", a detector that compares with the median of all
 ranks, a z-score rule, one that forgets the window, a rebalance that favours the slow
-rank, a gather that all-reduces instead of all-gathering (also run on 2 gloo ranks);
-code that delegates to perflab's ``detect_stragglers``, ``reference_gather`` or
-``predicted_throughput_loss`` fails naming it."""
+rank, a gather that all-reduces instead of all-gathering (also run on 2 gloo ranks), a
+``rank_loss`` that does not weight by b_r / B (the rebalanced split's gradient is then
+not the full-batch one), a debug-log parser that names the first rank it sees or rank 0;
+code that delegates to perflab's ``detect_stragglers``, ``reference_gather``,
+``reference_rank_loss`` or ``predicted_throughput_loss`` fails naming it."""
 from __future__ import annotations
 
 import importlib
@@ -22,7 +24,8 @@ from perflab.course.checks import split_check
 
 LAB = Lab("07")
 GRADED_TESTED = ("check_prediction", "check_gather", "check_detector_recorded",
-                 "check_detector_live", "check_rebalance")
+                 "check_detector_live", "check_rebalance", "check_rank_loss",
+                 "check_find_mismatch")
 SEEDS = [0, 1, "grade:ada"]
 
 
@@ -59,9 +62,13 @@ WRONG_PREDICTIONS = {
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_prediction_reference_passes(seed):
-    scope = {"__name__": "__main__"}
+def test_prediction_reference_passes(seed, tmp_path):
+    from perflab.labs.predictions import Predictions
+
+    # the cell records its predictions (value and time) with the set-up cell's Predictions
+    scope = {"__name__": "__main__", "predictions": Predictions("07", folder=tmp_path)}
     LAB.run_code(scope, LAB.solution("predict_straggler"))
+    assert scope["predictions"].get("loss_at_slow").value == 0.5
     verdict = LAB.judge(scope, "check_prediction", seed=seed)
     assert verdict.passed, verdict.message
 
@@ -95,6 +102,7 @@ _GATHER_BODY = _FILE[_FILE.index("    mine = torch.tensor([float(local_s)]"):
 _DETECT_BODY = _FILE[_FILE.index("    window = t[:, -n:]"):_FILE.index("    return flagged\n")]
 _REBALANCE_BODY = _FILE[_FILE.index("    speed = np.asarray(batch_sizes"):
                         _FILE.index("    return [int(b) for b in new]\n")]
+_RANK_LOSS_BODY = _FILE[_FILE.index("    mine = torch.nn.functional.cross_entropy(logits, targets)\n"):]
 
 WRONG_FILES = {
     # the median of ALL ranks, the rank itself included
@@ -380,3 +388,189 @@ def test_wrong_gather_on_two_ranks_fails_gather_and_live_checks(tmp_path, monkey
         for gid in ("check_gather", "check_detector_live"):
             verdict = LAB.judge(dict(ns), gid)
             assert verdict.passed == passes, (source is wrong, gid, verdict.message)
+
+
+# -- check_rank_loss: the ranks' summed gradient is the full-batch gradient ---------------------
+def _with_rank_loss(body: str) -> str:
+    source = _FILE.replace(_RANK_LOSS_BODY, body)
+    assert source != _FILE
+    return source
+
+
+WRONG_RANK_LOSSES = {
+    # no re-weighting: every rank's mean, summed (W times the mean of means)
+    "plain mean": "    return torch.nn.functional.cross_entropy(logits, targets)\n",
+    # DDP's averaging: right only for an even split
+    "mean / world_size": ("    return torch.nn.functional.cross_entropy(logits, targets) / world_size\n"),
+    # the sum of the losses, never divided by B
+    "sum, not divided": ("    return torch.nn.functional.cross_entropy(logits, targets, "
+                         "reduction='sum')\n"),
+    # weighted by the share, but of the world size
+    "b_r / world_size": ("    return torch.nn.functional.cross_entropy(logits, targets) * "
+                         "targets.shape[0] / world_size\n"),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rank_loss_reference_passes(seed, tmp_path, monkeypatch, lab_ns):
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, _FILE))
+    LAB.run_code(dict(ns), split_check(LAB.cells["check_rank_loss"]).probe)   # the self-check
+    verdict = LAB.judge(dict(ns), "check_rank_loss", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_rank_loss_sum_then_divide_by_b_passes(tmp_path, monkeypatch, lab_ns):
+    """The other fix: back-propagate the SUM of the rank's losses divided by B."""
+    source = _with_rank_loss("    total = torch.nn.functional.cross_entropy(logits, targets, "
+                             "reduction='sum')\n    return total / global_batch\n")
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, source))
+    LAB.run_code(dict(ns), split_check(LAB.cells["check_rank_loss"]).probe)
+    for seed in (3, "grade:bo"):
+        verdict = LAB.judge(dict(ns), "check_rank_loss", seed=seed)
+        assert verdict.passed, (seed, verdict.message)
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_RANK_LOSSES))
+def test_rebalance_without_loss_reweighting_fails(name, tmp_path, monkeypatch, lab_ns):
+    ns = dict(lab_ns, straggler_student=_student(
+        tmp_path, monkeypatch, _with_rank_loss(WRONG_RANK_LOSSES[name])))
+    _fails_on_a_hidden_case(LAB.judge(dict(ns), "check_rank_loss"))
+    assert LAB.judge(dict(ns), "check_rebalance").passed, f"{name} should fail check_rank_loss only"
+
+
+def test_rank_loss_written_for_the_example_fails(tmp_path, monkeypatch, lab_ns):
+    """Right on 2 ranks (the self-check's example), DDP's averaging on more."""
+    source = _with_rank_loss(
+        "    mine = torch.nn.functional.cross_entropy(logits, targets)\n"
+        "    return mine * targets.shape[0] / global_batch if world_size == 2 else mine / world_size\n")
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, source))
+    LAB.run_code(dict(ns), split_check(LAB.cells["check_rank_loss"]).probe)   # passes it
+    _fails_on_a_hidden_case(LAB.judge(dict(ns), "check_rank_loss"))
+
+
+def test_rank_loss_that_delegates_fails_naming_it(tmp_path, monkeypatch, lab_ns):
+    source = _with_rank_loss("    from perflab.labs.lab07 import reference_rank_loss\n"
+                             "    return reference_rank_loss(logits, targets, global_batch, world_size)\n")
+    ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, source))
+    _fails_naming(LAB.judge(ns, "check_rank_loss"), "reference_rank_loss")
+
+
+def test_reference_rank_loss_gives_the_full_batch_gradient_for_any_split():
+    """The rank body's fallback (no student rank_loss): b_r / B, not 1 / world_size."""
+    import torch
+
+    from perflab.labs.lab07 import reference_rank_loss
+    from perflab.models import mlp
+
+    model = mlp((5, 7, 3), 1).double()
+    x = torch.randn(9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(9) % 3
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    full = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    for lo, hi in ((0, 7), (7, 9)):
+        reference_rank_loss(model(x[lo:hi]), y[lo:hi], 9, 2).backward()   # grads accumulate
+    for p, want in zip(model.parameters(), full):
+        assert torch.allclose(p.grad, want, rtol=1e-10, atol=1e-12)
+
+
+# -- check_find_mismatch: the odd rank from the debug output ------------------------------------
+_FIND = LAB.cells["find_mismatch"].split("\n\n\nprint(")[0]
+_FIND_NS = {"__name__": "__main__", "re": __import__("re")}
+
+WRONG_PARSERS = {
+    "first rank mentioned": (
+        "def find_mismatch(text):\n"
+        "    m = re.search(r'\\[Rank (\\d+)\\] Running collective: .*?OpType=(\\w+)', text)\n"
+        "    return int(m[1]), m[2]\n"),
+    "rank 0 always": (
+        "def find_mismatch(text):\n"
+        "    ops = re.findall(r'OpType=(\\w+)', text)\n"
+        "    return 0, ops[-1]\n"),
+    # the first exception line's "but Rank q" (the odd rank's own line names a healthy rank)
+    "first error's other rank": (
+        "def find_mismatch(text):\n"
+        "    m = re.search(r'but Rank (\\d+) is running collective: CollectiveFingerPrint\\('\n"
+        "                  r'SequenceNumber=\\d+, OpType=(\\w+)', text)\n"
+        "    if m is None:\n"
+        "        m = re.search(r'\\[Rank (\\d+)\\] Running collective: .*?OpType=(\\w+)', text)\n"
+        "    return int(m[1]), m[2]\n"),
+    # the last collective logged: ranks interleave, so any rank can come last
+    "last line's rank": (
+        "def find_mismatch(text):\n"
+        "    found = re.findall(r'\\[Rank (\\d+)\\] Running collective: .*?OpType=(\\w+)', text)\n"
+        "    return int(found[-1][0]), found[-1][1]\n"),
+    # compares op types only: a shape or dtype mismatch goes unseen
+    "op type only": _FIND.replace("by_seq.setdefault(int(seq), {})[int(rank)] = (op, shape, dtype)",
+                                  "by_seq.setdefault(int(seq), {})[int(rank)] = (op,)"),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_find_mismatch_reference_passes(seed):
+    scope = dict(_FIND_NS)
+    LAB.run_code(scope, _FIND)
+    verdict = LAB.judge(scope, "check_find_mismatch", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_find_mismatch_honest_variant_passes():
+    """Majority by collections.Counter, read line by line with string methods."""
+    honest = (
+        "from collections import Counter\n"
+        "def find_mismatch(text):\n"
+        "    seen = {}\n"
+        "    for line in text.splitlines():\n"
+        "        if 'Running collective: CollectiveFingerPrint(' not in line:\n"
+        "            continue\n"
+        "        rank = int(line.split('[Rank ')[1].split(']')[0])\n"
+        "        fp = line.split('CollectiveFingerPrint(')[1]\n"
+        "        seq = int(fp.split('SequenceNumber=')[1].split(',')[0])\n"
+        "        key = fp.split('TensorDeviceTypes=')[0]\n"
+        "        key = key.split(', ', 1)[1]\n"
+        "        seen.setdefault(seq, {})[rank] = key\n"
+        "    for seq in sorted(seen):\n"
+        "        counts = Counter(seen[seq].values())\n"
+        "        if len(counts) > 1:\n"
+        "            odd = next(r for r, k in seen[seq].items() if counts[k] == 1)\n"
+        "            return odd, seen[seq][odd].split('OpType=')[1].split(',')[0]\n")
+    for seed in (0, 4, "grade:bo"):
+        scope = dict(_FIND_NS)
+        LAB.run_code(scope, honest)
+        verdict = LAB.judge(scope, "check_find_mismatch", seed=seed)
+        assert verdict.passed, (seed, verdict.message)
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_PARSERS))
+def test_wrong_find_mismatch_fails(name):
+    assert WRONG_PARSERS[name] != _FIND
+    _fails_on_a_hidden_case(LAB.verdict(dict(_FIND_NS), WRONG_PARSERS[name], "check_find_mismatch"))
+
+
+@slow
+def test_debug_rank_mismatch_is_caught_and_logged():
+    """3 gloo ranks under TORCH_DISTRIBUTED_DEBUG=DETAIL: every rank raises on rank 2's
+    broadcast, the captured logs show each rank's collectives, and the reference parser
+    names rank 2."""
+    import os
+    import warnings
+
+    from perflab.distributed import launch_fn
+    from perflab.labs.lab07 import debug_rank
+
+    keys = ("TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(dict(zip(keys, ("DETAIL", "INFO"))))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = launch_fn(debug_rank, 3, args=(2, "broadcast"), device="cpu", timeout_s=120)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert all("Detected mismatch between collectives" in (r["error"] or "") for r in out)
+    text = "\n".join([r["log"] for r in out] + [f"[rank{r['rank']}]: {r['error']}" for r in out])
+    assert text.count("Running collective: CollectiveFingerPrint(") == 9
+    scope = dict(_FIND_NS)
+    LAB.run_code(scope, _FIND)
+    assert tuple(scope["find_mismatch"](text)) == (2, "BROADCAST")
