@@ -212,6 +212,8 @@ class Predictions:
 
 
 def _show(value: Any, unit: str, fmt: str = "{:.3g}") -> str:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and fmt == "{:.3g}":
+        return f"{value:,}" + unit                   # 2000 -> "2,000", not "2e+03"
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return fmt.format(value) + unit
     return f"{value}{(' ' + unit) if unit else ''}"

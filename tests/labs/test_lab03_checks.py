@@ -140,11 +140,15 @@ def test_gradscaler_works_on_the_cpu_in_fp16():
 # --- honest answers written differently ---------------------------------------------------
 
 _STEP_ZERO_FIRST = '''
-def my_amp_step(model, x, y, optimizer, scaler, dtype):
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
     optimizer.zero_grad()
     with torch.autocast(device_type=x.device.type, dtype=dtype):
         loss = torch.nn.functional.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
+    if max_norm:
+        scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
     scaler.step(optimizer)
     scaler.update()
     return loss.float().detach()
@@ -216,53 +220,127 @@ def test_honest_variant_passes(lab_ns, check):
 # --- wrong answers ------------------------------------------------------------------------
 
 _DELEGATE_STEP = '''
-def my_amp_step(model, x, y, optimizer, scaler, dtype):
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
     from perflab import train_step
     amp = "bf16" if dtype == torch.bfloat16 else "fp16"
     return train_step(model, x, y, optimizer, amp=amp, scaler=scaler)
 '''
 _NO_AUTOCAST_STEP = '''
-def my_amp_step(model, x, y, optimizer, scaler, dtype):
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
     loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach().float()
 '''
 _STEP_NOT_THROUGH_SCALER = '''
-def my_amp_step(model, x, y, optimizer, scaler, dtype):
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
     with torch.autocast(x.device.type, dtype=dtype):
         loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     optimizer.step()
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach().float()
 '''
-_NO_SCALER_UPDATE = '''
-def my_amp_step(model, x, y, optimizer, scaler, dtype):
+_SCALER_IGNORED = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
     with torch.autocast(x.device.type, dtype=dtype):
         loss = F.cross_entropy(model(x), y)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
+    loss.backward()
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach().float()
 '''
-_NO_ZERO_GRAD = '''
-def my_amp_step(model, x, y, optimizer, scaler, dtype):
+_CLIP_BEFORE_UNSCALE = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_CLIP_SCALED = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    if max_norm is not None:  # clips the scaled gradients: scaler.step unscales after
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_NO_CLIP = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
     with torch.autocast(x.device.type, dtype=dtype):
         loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_CLIP_BY_VALUE = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_value_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_NO_SCALER_UPDATE = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+'''
+_NO_ZERO_GRAD = '''
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
     return loss.detach().float()
 '''
 _ALWAYS_BF16_STEP = '''
-def my_amp_step(model, x, y, optimizer, scaler, dtype):
+def my_amp_step(model, x, y, optimizer, scaler, dtype, max_norm=None):
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -431,6 +509,11 @@ WRONG = {
     "step without autocast": ("check_amp_step", _NO_AUTOCAST_STEP),
     "step: optimizer.step() instead of scaler.step": ("check_amp_step", _STEP_NOT_THROUGH_SCALER),
     "step: no scaler.update()": ("check_amp_step", _NO_SCALER_UPDATE),
+    "step: ignores the scaler (backward, optimizer.step)": ("check_amp_step", _SCALER_IGNORED),
+    "step: clips before scaler.unscale_": ("check_amp_step", _CLIP_BEFORE_UNSCALE),
+    "step: clips the scaled gradients (no unscale_)": ("check_amp_step", _CLIP_SCALED),
+    "step: ignores max_norm": ("check_amp_step", _NO_CLIP),
+    "step: clips by value, not by norm": ("check_amp_step", _CLIP_BY_VALUE),
     "step: no zero_grad": ("check_amp_step", _NO_ZERO_GRAD),
     "step: always bf16 (the bf16 example only)": ("check_amp_step", _ALWAYS_BF16_STEP),
     "trace records input dtypes": ("check_dispatch_trace", _INPUT_DTYPE_TRACE),
@@ -482,3 +565,63 @@ def test_wrong_answer_fails_when_the_lab_runs(monkeypatch):
     verdict = run_lab(LAB_PATH, {"fp16_grads": _DIVIDE_IN_FP16}, "check_loss_scaling",
                       monkeypatch)["check_loss_scaling"]
     assert not verdict.passed and verdict.message.startswith("hidden case"), verdict.message
+
+
+# --- what the text says (issue 26) --------------------------------------------------------
+
+def _markdown(start: str) -> str:
+    nb = nbformat.read(str(LAB_PATH), as_version=4)
+    return next(c.source for c in nb.cells if c.cell_type == "markdown"
+                and c.source.startswith(start))
+
+
+def test_fp16_rounds_to_zero_only_at_half_the_smallest_subnormal():
+    """Section 4's text: |x| <= 2**-25 rounds to 0 in fp16, (2**-25, 2**-24) rounds up to
+    2**-24 (round to nearest, ties to even)."""
+    import torch
+
+    tiny = 2.0 ** -24
+    x = torch.tensor([0.25, 0.5, 0.5001, 0.75, 0.999, 1.0]) * tiny
+    assert (x.half().float() / tiny).tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    text = _markdown("## 4. fp16 gradients underflow")
+    assert "at most 2**-25" in text and "rounds *up* to 2**-24" in text
+    assert "smaller than that becomes exactly 0" not in text
+
+
+def test_going_further_states_no_master_weights_and_tensor_cores_run_any_shape():
+    text = _markdown("## 11. Going further")
+    assert "master weights" not in text.replace('"master weights"', "")
+    assert "any shape" in text and "need matrix dimensions" not in text
+
+
+def test_the_prediction_is_recorded_and_later_cells_run_without_it():
+    nb = nbformat.read(str(LAB_PATH), as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if _nbg(c).get("grade_id") == "predict_amp_ratio")
+    assert 'predictions.record("amp_ratio", my_predicted_ratio' in nb.cells[at].source
+    later = [c.source for c in nb.cells[at + 1:] if c.cell_type == "code"]
+    assert not any("my_predicted_ratio" in s for s in later)
+    assert sum('predictions.beside("amp_ratio"' in s for s in later) == 2
+
+
+def test_the_written_answer_is_a_rubric_true_on_any_machine():
+    nb = nbformat.read(str(LAB_PATH), as_version=4)
+    (answer,) = [c.source for c in nb.cells if _nbg(c).get("grade_id") == "explain_amp_ratio"]
+    assert answer.startswith("**Rubric (2 points).**") and "No credit" in answer
+    assert "many times slower" not in answer and "On a GPU" in answer
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, "grade:ada"])
+def test_amp_step_cases_inject_infs_and_clip_in_fp16(seed):
+    """Every draw grades GradScaler in fp16 on the CPU: steps with an inf (skipped, the
+    scale backing off by the case's factor) beside finite ones, and a case that clips."""
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+
+    cases_fn, _ = graded_functions(split_check(LAB.cells["check_amp_step"]).graded,
+                                   "check_amp_step")
+    cases = draw_cases(cases_fn, seed)
+    fp16 = [c for c in cases if c["amp"] == "fp16"]
+    assert len(fp16) >= 3 and all(c["inf_steps"] and len(c["inf_steps"]) < c["steps"]
+                                  for c in fp16)
+    assert any(c["max_norm"] is not None for c in fp16)
+    assert any(c["max_norm"] is None for c in fp16)

@@ -355,3 +355,88 @@ def test_delegating_answer_fails_naming_the_function(name, lab_ns):
     exec(compile(source, f"<answer {name}>", "exec"), ns)  # noqa: S102
     verdict = judge_in(ns, gid)
     assert not verdict.passed and function in verdict.message, verdict.message
+
+
+# --- Exercise 2's hint: what nan_to_num does (issue 26) -------------------------------------
+
+_NOBREAK_WHERE = '''
+class ScorerNoBreak(Scorer):
+    def forward(self, x):
+        s = self.proj(x).squeeze(-1)
+        s = torch.where(torch.isnan(s), torch.zeros_like(s), s)
+        return torch.tanh(s / torch.clamp(s.abs().max(), min=1.0)) * 2
+'''
+
+
+def test_nan_to_num_maps_infinities_as_the_hint_says():
+    """``torch.nan_to_num`` maps NaN to 0 here and +-inf to the dtype's largest and smallest
+    finite values (its defaults): the hint says so, and the check's inputs hold no inf."""
+    import torch
+
+    s = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5])
+    fmax = torch.finfo(torch.float32).max
+    assert torch.nan_to_num(s, nan=0.0).tolist() == [0.0, fmax, -fmax, 1.5]
+    hint = next(c.source for c in _NB.cells if c.source.startswith("### Exercise 2"))
+    assert "`+inf`" in hint and "largest and smallest" in hint
+    assert "does nothing to a tensor without NaNs" not in hint
+
+
+@slow
+def test_where_instead_of_nan_to_num_also_passes(lab_ns):
+    ns = dict(lab_ns)
+    exec(compile(_NOBREAK_WHERE, "<answer>", "exec"), ns)  # noqa: S102
+    verdict = judge_in(ns, "check_scorer_nobreak", seed=3)
+    assert verdict.passed, verdict.message
+
+
+# --- the prediction and the GPU-only section -------------------------------------------------
+
+def _cells_starting(prefix: str) -> list[str]:
+    return [c.source for c in _NB.cells if c.cell_type == "code" and c.source.startswith(prefix)]
+
+
+def test_prediction_is_recorded_and_shown_beside_the_measurement():
+    (predict,) = [c.source for c in _NB.cells if _nbg(c).get("grade_id") == "predict_break_even"]
+    assert 'predictions.record("break_even", my_predicted_break_even' in predict
+    shown = [s for s in (c.source for c in _NB.cells) if 'predictions.beside("break_even"' in s]
+    assert len(shown) == 2  # the measuring cell and the summary
+    later = "".join(c.source for c in _NB.cells[_NB.cells.index(next(
+        c for c in _NB.cells if _nbg(c).get("grade_id") == "predict_break_even")) + 1:]
+        if c.cell_type == "code")
+    assert "my_predicted_break_even" not in later  # later cells run with the prediction None
+
+
+def test_gpu_sections_skip_with_the_measured_reason(capsys):
+    """On a machine without CUDA the GPU-only cells skip at no cost and print the reason
+    this machine reports (torch.cuda.is_available(), torch.version.cuda)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: test_gpu_sections_run_on_a_gpu runs the cells")
+    sources = _cells_starting("# GPU-only")
+    assert len(sources) == 3
+    ns: dict = {"__name__": "__lab__"}
+    exec(compile(LAB.setup, "<setup>", "exec"), ns)  # noqa: S102
+    capsys.readouterr()
+    for source in sources:
+        exec(compile(source, "<gpu cell>", "exec"), ns)  # noqa: S102
+    out = capsys.readouterr().out
+    assert out.count("Skipped:") == 2 and "torch.cuda.is_available() is False" in out
+    assert f"torch.version.cuda is {torch.version.cuda}" in out
+    assert ns["bench"] is None and ns["graph_diffs"] is None
+
+
+from tests.conftest import requires_cuda  # noqa: E402
+
+
+@requires_cuda
+def test_gpu_sections_run_on_a_gpu(capsys):
+    """On a CUDA GPU the cells run: cudnn.benchmark gives the same first loss, and CUDA
+    graph replays (and mode="reduce-overhead") give eager's outputs."""
+    ns: dict = {"__name__": "__lab__"}
+    exec(compile(LAB.setup, "<setup>", "exec"), ns)  # noqa: S102
+    for source in _cells_starting("# GPU-only"):
+        exec(compile(source, "<gpu cell>", "exec"), ns)  # noqa: S102
+    assert set(ns["bench"]) == {False, True} and len(ns["bench_losses"][True]) == 33
+    assert len(ns["graph_diffs"]) == 4 and max(ns["graph_diffs"]) <= 1e-5
+    assert "Skipped" not in capsys.readouterr().out

@@ -169,3 +169,9 @@ def test_the_none_check_catches_arithmetic_and_format_specs():
     assert not _none_safe_uses(ast.parse("print(f'{p}')"), names)
     assert not _none_safe_uses(ast.parse("y = 1 / p if p is not None else None"), names)
     assert not _none_safe_uses(ast.parse("if p is not None:\n    y = 2 * p"), names)
+
+
+def test_integers_print_in_full(tmp_path, capsys):
+    p = Predictions("05", folder=tmp_path)
+    p.record("break_even", 2000, unit=" steps")
+    assert "break_even = 2,000 steps" in capsys.readouterr().out
