@@ -1,0 +1,147 @@
+"""Lab 10's models, seeded inputs and unsharded references (what a judge recomputes).
+
+* :func:`mlp_block`: a transformer MLP block ``Linear(d, 4d) -> GELU -> Linear(4d, d)``
+  (Vaswani et al. 2017, section 3.3; GPT-2's ``c_fc``/``c_proj``), the block that
+  Megatron-LM splits column- then row-wise (Shoeybi et al. 2019, arXiv:1909.08053, §3).
+* :func:`tp_tensors` and :func:`tp_reference`: one tensor-parallel case's input and
+  upstream gradient, and the unsharded block's output and gradients on them.
+* :func:`pipeline_model`, :func:`pipeline_batch`, :func:`pipeline_reference_loss`: the
+  pipeline section's model (identical blocks, so stages split evenly), its batch and the
+  unsplit model's loss.
+* :class:`SimulatedWork`: a module whose forward and backward *sleep* for a time per row,
+  so that a stage's compute has a known length on a loaded shared CPU (like Lab 07's
+  injected straggler delay); the pipeline's schedule, not the cores, then decides idle time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+__all__ = ["mlp_block", "tp_tensors", "tp_reference", "SimulatedWork", "pipeline_model",
+           "pipeline_batch", "pipeline_reference_loss"]
+
+
+def mlp_block(d: int, seed: int = 0) -> torch.nn.Sequential:
+    """``Sequential(Linear(d, 4d), GELU(), Linear(4d, d))`` in float32, seeded.
+
+    Input ``(..., d)``, output ``(..., d)``. Layer names ``"0"`` (the up projection) and
+    ``"2"`` (the down projection) are what ``parallelize_module``'s plan refers to.
+
+    Raises:
+        ValueError: ``d < 1``.
+    """
+    if not isinstance(d, int) or d < 1:
+        raise ValueError(f"d must be an int >= 1 (the model width), got {d!r}")
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    block = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                torch.nn.Linear(4 * d, d))
+    torch.random.set_rng_state(gen_state)
+    return block
+
+
+def tp_tensors(case: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input ``x (batch, seq, d)`` and the upstream gradient ``dL/dy`` of the same
+    shape (float32) of one case ``{"d", "batch", "seq", "seed"}`` (and optionally
+    ``"input_seed"``, default ``seed``: a data-parallel replica's own batch), equal on every
+    rank that gets the same case.
+
+    Raises:
+        KeyError: a key missing from ``case``.
+    """
+    g = torch.Generator().manual_seed(1000 + int(case.get("input_seed", case["seed"])))
+    shape = (int(case["batch"]), int(case["seq"]), int(case["d"]))
+    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+
+def tp_reference(case: dict[str, int]) -> dict[str, Any]:
+    """The unsharded block on one case: ``{"out", "x_grad", "fc1_weight_grad",
+    "fc1_bias_grad", "fc2_weight_grad", "fc2_bias_grad"}`` as float32 tensors (full
+    shapes: ``fc1.weight`` is ``(4d, d)``, ``fc2.weight`` ``(d, 4d)``), from
+    ``y = block(x)`` and ``y.backward(dL/dy)`` (:func:`tp_tensors`)."""
+    block = mlp_block(int(case["d"]), int(case["seed"]))
+    x, grad_out = tp_tensors(case)
+    x.requires_grad_(True)
+    out = block(x)
+    out.backward(grad_out)
+    fc1, fc2 = block[0], block[2]
+    return {"out": out.detach(), "x_grad": x.grad, "fc1_weight_grad": fc1.weight.grad,
+            "fc1_bias_grad": fc1.bias.grad, "fc2_weight_grad": fc2.weight.grad,
+            "fc2_bias_grad": fc2.bias.grad}
+
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
+        ctx.backward_s = backward_s
+        time.sleep(forward_s)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class SimulatedWork(torch.nn.Module):
+    """Identity whose forward sleeps ``forward_s_per_row`` x rows and whose backward
+    ``backward_s_per_row`` x rows (seconds; rows = ``x.shape[0]``, the micro-batch size),
+    so a micro-batch's compute time is proportional to its size, as a real layer's is.
+    Backward twice the forward is the usual ratio (two matmuls per Linear in backward,
+    one in forward; Narayanan et al. 2021, arXiv:2104.04473, §3).
+
+    Raises:
+        ValueError: a negative time.
+    """
+
+    def __init__(self, forward_s_per_row: float = 0.0, backward_s_per_row: float = 0.0):
+        super().__init__()
+        if forward_s_per_row < 0 or backward_s_per_row < 0:
+            raise ValueError("the simulated times must be >= 0 seconds per row, got "
+                             f"{forward_s_per_row!r} and {backward_s_per_row!r}")
+        self.forward_s_per_row, self.backward_s_per_row = forward_s_per_row, backward_s_per_row
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.forward_s_per_row == 0 and self.backward_s_per_row == 0:
+            return x
+        rows = x.shape[0]
+        return _Sleep.apply(x, self.forward_s_per_row * rows, self.backward_s_per_row * rows)
+
+
+def pipeline_model(width: int, blocks: int, seed: int = 0, forward_s_per_row: float = 0.0,
+                   backward_s_per_row: float = 0.0) -> torch.nn.Sequential:
+    """``blocks`` identical blocks ``Sequential(Linear(width, width), Tanh(), SimulatedWork)``,
+    seeded; input ``(B, width)`` float32, output logits over ``width`` classes.
+
+    Identical blocks make an even split into stages a split of ``model`` itself
+    (``model[i * k:(i + 1) * k]``).
+
+    Raises:
+        ValueError: ``width`` or ``blocks`` < 1.
+    """
+    if width < 1 or blocks < 1:
+        raise ValueError(f"width and blocks must be >= 1, got {width!r} and {blocks!r}")
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.Tanh(),
+        SimulatedWork(forward_s_per_row, backward_s_per_row)) for _ in range(blocks)])
+    torch.random.set_rng_state(gen_state)
+    return model
+
+
+def pipeline_batch(width: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x (batch, width)`` float32 and labels ``y (batch,)`` int64 in ``[0, width)``, seeded."""
+    g = torch.Generator().manual_seed(2000 + int(seed))
+    return torch.randn(batch, width, generator=g), torch.randint(0, width, (batch,), generator=g)
+
+
+def pipeline_reference_loss(width: int, blocks: int, batch: int, seed: int) -> float:
+    """Cross-entropy (mean over the batch) of the unsplit :func:`pipeline_model` on
+    :func:`pipeline_batch`: what a pipelined step's loss must equal, since equal
+    micro-batches' mean losses average to the batch's mean loss."""
+    x, y = pipeline_batch(width, batch, seed)
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(pipeline_model(width, blocks, seed)(x), y))

@@ -1,0 +1,313 @@
+"""Lab 10's rank bodies: the student's tensor- and pipeline-parallel code on every rank.
+
+Each ``*_rank`` function is what every rank runs under
+:func:`perflab.distributed.launch_fn` (module level, so spawned ranks import it). They
+import the student's own files by module name (written next to the notebook with
+``%%writefile``, as Labs 06 and 09 do): ``tp_student`` defines ``ShardedMLP`` (Megatron's
+f/g by hand; Shoeybi et al. 2019, arXiv:1909.08053, §3), ``make_mesh``
+(``init_device_mesh``), ``parallel_mlp`` (``parallelize_module``) and
+``data_parallel_grads`` (the 2-D layout's gradient all-reduce); ``pp_student`` defines
+``split_model``, ``BusyTimer``, ``build_schedule`` and ``pipeline_step``
+(``torch.distributed.pipelining``).
+
+:func:`hand_tp_on_ranks` and :func:`pipeline_on_ranks` start the ranks for a graded
+check's hidden cases (and the panel); :func:`shard_compute_s` times one shard's compute in
+the calling process.
+
+A case that raises in the student's code is returned as ``{"error": "Type: message"}``
+(the notebook and the judges show it), so one bad case does not hide the others.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any, Sequence
+
+import torch
+
+from perflab.analysis.sharding import count_collectives
+from perflab.core.timing import PerfCounterClock
+from perflab.distributed import launch_fn
+from perflab.labs.lab10.comm import count_functional_collectives
+from perflab.labs.lab10.models import mlp_block, pipeline_batch, pipeline_model, tp_tensors
+
+__all__ = ["import_student", "shard_compute_s", "tp_rank", "pp_rank", "lab10_rank",
+           "hand_tp_on_ranks", "pipeline_on_ranks"]
+
+
+def import_student(module: str) -> Any:
+    """Import the student's module ``module`` from the working folder (the notebook's;
+    ranks inherit it from the launching kernel).
+
+    Raises:
+        ModuleNotFoundError: no ``<module>.py`` there (run the ``%%writefile`` cell).
+    """
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(module)
+
+
+def _error(e: BaseException) -> dict[str, str]:
+    return {"error": f"{type(e).__name__}: {e}"[:400]}
+
+
+def _local(t: torch.Tensor | None) -> list | None:
+    if t is None:
+        return None
+    return (t.to_local() if hasattr(t, "to_local") else t).detach().tolist()
+
+
+def _hand_case(student: Any, case: dict[str, int], rank: int, world: int) -> dict[str, Any]:
+    block = mlp_block(int(case["d"]), int(case["seed"]))
+    x, grad_out = tp_tensors(case)
+    x.requires_grad_(True)
+    mine = student.ShardedMLP(block, rank, world)
+    with count_collectives() as fwd:
+        out = mine(x)
+    with count_collectives() as bwd:
+        out.backward(grad_out)
+    fc1, fc2 = mine.fc1, mine.fc2
+    return {"out": _local(out), "x_grad": _local(x.grad),
+            "fc1_weight_grad": _local(fc1.weight.grad), "fc1_bias_grad": _local(fc1.bias.grad),
+            "fc2_weight_grad": _local(fc2.weight.grad), "fc2_bias_grad": _local(fc2.bias.grad),
+            "forward_calls": dict(fwd.calls), "forward_bytes": dict(fwd.bytes),
+            "backward_calls": dict(bwd.calls), "backward_bytes": dict(bwd.bytes)}
+
+
+def _dtensor_case(student: Any, case: dict[str, int], mesh: Any) -> dict[str, Any]:
+    """``student.parallel_mlp`` over the 1-D ``mesh`` of all ranks, counted."""
+    block = mlp_block(int(case["d"]), int(case["seed"]))
+    x, grad_out = tp_tensors(case)
+    x.requires_grad_(True)
+    mine = student.parallel_mlp(block, mesh)
+    with count_functional_collectives() as fwd:
+        out = mine(x)   # an AsyncCollectiveTensor: the all-reduce's result, awaited on use
+    with count_functional_collectives() as bwd:
+        out.backward(grad_out)
+    fc1, fc2 = mine[0], mine[2]
+    return {"out": _local(out), "x_grad": _local(x.grad),
+            "fc1_weight_grad": _local(fc1.weight.grad), "fc1_bias_grad": _local(fc1.bias.grad),
+            "fc2_weight_grad": _local(fc2.weight.grad), "fc2_bias_grad": _local(fc2.bias.grad),
+            "weight_type": type(fc1.weight).__name__,
+            "forward_calls": dict(fwd.calls), "forward_bytes": dict(fwd.bytes),
+            "backward_calls": dict(bwd.calls), "backward_bytes": dict(bwd.bytes)}
+
+
+def _two_d_case(student: Any, case: dict[str, int], mesh: Any) -> dict[str, Any]:
+    """The block on a (dp, tp) mesh: tensor parallel over ``mesh["tp"]``, each dp replica
+    on its own batch (``input_seed = seed + dp index``), then the student's gradient
+    all-reduce over ``mesh["dp"]``; all collectives counted, by group."""
+    dp_index, tp_index = (int(c) for c in mesh.get_coordinate())
+    block = mlp_block(int(case["d"]), int(case["seed"]))
+    x, grad_out = tp_tensors({**case, "input_seed": int(case["seed"]) + dp_index})
+    x.requires_grad_(True)   # an activation, as inside a transformer: f's backward reduces it
+    mine = student.parallel_mlp(block, mesh["tp"])
+    with count_functional_collectives() as tp_comm, count_collectives() as dp_comm:
+        mine(x).backward(grad_out)
+        student.data_parallel_grads(mine, mesh["dp"].get_group())
+    fc1, fc2 = mine[0], mine[2]
+    return {"dp_index": dp_index, "tp_index": tp_index,
+            "fc1_weight_grad": _local(fc1.weight.grad), "fc2_weight_grad": _local(fc2.weight.grad),
+            "fc2_bias_grad": _local(fc2.bias.grad),
+            "tp_calls": dict(tp_comm.calls), "tp_bytes": dict(tp_comm.bytes),
+            "dp_calls": dict(dp_comm.calls), "dp_bytes": dict(dp_comm.bytes)}
+
+
+def shard_compute_s(student: Any, case: dict[str, int], rank: int, world_size: int,
+                    steps: int) -> list[float]:
+    """Seconds per forward+backward of rank ``rank``'s shard of the student's
+    ``ShardedMLP`` WITHOUT its collectives (the same matmuls, GELU and bias), in this
+    process, on one thread as each rank of :func:`perflab.distributed.launch_fn` runs:
+    the compute a tensor-parallel step does between its all-reduces. Runs without ranks
+    (building a ``ShardedMLP`` only slices the block); ``steps`` timed after one warm-up.
+
+    Raises:
+        ValueError: ``steps < 1``.
+    """
+    import torch.nn.functional as F
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    block = mlp_block(int(case["d"]), int(case["seed"]))
+    x, grad_out = tp_tensors(case)
+    x.requires_grad_(True)
+    mine = student.ShardedMLP(block, rank, world_size)
+    clock = PerfCounterClock()
+    times = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as each rank runs (launch_fn's threads_per_rank=1)
+    try:
+        for i in range(steps + 1):   # the first is a warm-up
+            t0 = clock.now()
+            h = F.gelu(mine.fc1(x))
+            (F.linear(h, mine.fc2.weight) + mine.fc2.bias).backward(grad_out)
+            if i:
+                times.append(clock.now() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return times
+
+
+def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
+            dtensor: bool = True, two_d: bool = False) -> dict[str, Any]:
+    """Rank body: the student's tensor-parallel MLP block on each case, by hand and (with
+    ``dtensor``) with ``parallelize_module`` over a 1-D ``DeviceMesh`` of all ranks.
+
+    Args:
+        cases: ``{"d", "batch", "seq", "seed"}`` each: the block is :func:`mlp_block` ``(d,
+            seed)``, the input and upstream gradient :func:`tp_tensors` ``(case)``.
+        student_module: the student's file's module name.
+        dtensor: also run ``student.parallel_mlp`` over ``student.make_mesh((world,))``
+            (the student's ``init_device_mesh``).
+        two_d: with 4 or more ranks (an even number), also the 2-D run: a
+            ``make_mesh((2, world // 2), ("dp", "tp"))`` mesh, ``parallel_mlp`` over its
+            "tp" dimension, ``student.data_parallel_grads`` over its "dp" group.
+
+    Returns:
+        ``{"hand": [per case], "dtensor": [per case], "two_d": [per case]}``; a case
+        holds this rank's output, input gradient and LOCAL parameter gradients (lists),
+        and the collectives counted in the forward and in the backward (calls and bytes
+        by kind), or ``{"error": ...}``.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    student = import_student(student_module)
+    out: dict[str, Any] = {"hand": [], "dtensor": [], "two_d": []}
+    for case in cases:
+        try:
+            out["hand"].append(_hand_case(student, case, rank, world))
+        except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
+            out["hand"].append(_error(e))
+        dist.barrier()
+    if dtensor:
+        try:
+            mesh = student.make_mesh((world,))
+        except Exception as e:  # noqa: BLE001 - the student's code
+            mesh, failed = None, _error(e)
+        for case in cases:
+            try:
+                out["dtensor"].append(_dtensor_case(student, case, mesh) if mesh is not None
+                                      else failed)
+            except Exception as e:  # noqa: BLE001 - the student's code
+                out["dtensor"].append(_error(e))
+            dist.barrier()
+    if two_d and world % 2 == 0 and world >= 4:
+        try:
+            mesh2 = student.make_mesh((2, world // 2), ("dp", "tp"))
+        except Exception as e:  # noqa: BLE001 - the student's code
+            mesh2, failed = None, _error(e)
+        for case in cases:
+            try:
+                out["two_d"].append(_two_d_case(student, case, mesh2) if mesh2 is not None
+                                    else failed)
+            except Exception as e:  # noqa: BLE001 - the student's code
+                out["two_d"].append(_error(e))
+            dist.barrier()
+    return out
+
+
+def _pp_run(student: Any, run: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    model = pipeline_model(int(run["width"]), int(run["blocks"]), int(run["seed"]),
+                           float(run.get("forward_s_per_row", 0.0)),
+                           float(run.get("backward_s_per_row", 0.0)))
+    stages = student.split_model(model, world)
+    stage_module = stages[rank]
+    timer = student.BusyTimer(stage_module)
+    x, y = pipeline_batch(int(run["width"]), int(run["batch"]), int(run["seed"]))
+    clock = PerfCounterClock()
+    losses, step_s, busy_s, peak = [], [], [], []
+    sched = student.build_schedule(stage_module, rank, world, int(run["m"]), run["schedule"])
+    for _ in range(1 + int(run.get("repeats", 0))):   # the first step (shape inference): a warm-up
+        timer.reset()
+        dist.barrier()
+        t0 = clock.now()
+        loss = student.pipeline_step(sched, rank, world, x, y)
+        dist.barrier()   # the step ends when the LAST stage is done (the last stage returns early)
+        step_s.append(clock.now() - t0)
+        busy_s.append(float(timer.busy_s))
+        peak.append(int(timer.peak_in_flight))
+        losses.append(None if loss is None else float(loss))
+        stage_module.zero_grad(set_to_none=True)
+    return {"losses": losses, "step_s": step_s[1:] or step_s, "busy_s": busy_s[1:] or busy_s,
+            "peak_in_flight": peak[-1], "stage_layers": len(stage_module),
+            "stages": len(stages)}
+
+
+def pp_rank(runs: Sequence[dict[str, Any]], student_module: str = "pp_student"
+            ) -> list[dict[str, Any]]:
+    """Rank body: the student's pipeline (``split_model`` into ``world_size`` stages,
+    ``build_schedule``, ``pipeline_step``) on each run, timed by the student's
+    ``BusyTimer`` (busy seconds of this stage) and by the step's wall clock, from a
+    barrier before the step to a barrier after it: the whole pipeline's step, the same on
+    every rank (the last stage's ``step`` returns before the first stage's backward ends).
+
+    Args:
+        runs: ``{"schedule": "gpipe" | "1f1b", "m", "width", "blocks", "batch", "seed",
+            "forward_s_per_row", "backward_s_per_row", "repeats"}`` each
+            (:func:`~perflab.labs.lab10.models.pipeline_model`'s sizes and simulated work).
+
+    Returns:
+        Per run, this rank's ``{"losses" (per step: the loss on the last stage, None
+        elsewhere), "step_s", "busy_s" (per timed step), "peak_in_flight",
+        "stage_layers", "stages"}``, or ``{"error": ...}``.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    student = import_student(student_module)
+    out = []
+    for run in runs:
+        try:
+            out.append(_pp_run(student, run, rank, world))
+        except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
+            out.append(_error(e))
+        dist.barrier()
+    return out
+
+
+def lab10_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
+    """Several experiments in one launch (starting ranks costs seconds): ``tasks`` is a
+    list of ``(name, args, kwargs)``, name "tp" (:func:`tp_rank`) or "pp"
+    (:func:`pp_rank`); returns their results in order.
+
+    Raises:
+        ValueError: an unknown task name.
+    """
+    bodies = {"tp": tp_rank, "pp": pp_rank}
+    out = []
+    for name, args, kwargs in tasks:
+        if name not in bodies:
+            raise ValueError(f"unknown task {name!r}; use 'tp' or 'pp'")
+        out.append(bodies[name](*args, **kwargs))
+    return out
+
+
+def hand_tp_on_ranks(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
+                     world_size: int = 2, timeout_s: float = 300) -> list[list[dict[str, Any]]]:
+    """Start ``world_size`` gloo ranks and run the student's ``ShardedMLP`` on ``cases``
+    (:func:`tp_rank` without DTensor): what a graded check's sandbox side calls on the
+    hidden cases. Returns ``[rank][case]`` records (``tp_rank``'s ``"hand"`` lists).
+
+    Raises:
+        perflab.distributed.RankFailedError, LaunchTimeoutError: as ``launch_fn``.
+    """
+    ranks = launch_fn(tp_rank, world_size, args=(list(cases), student_module, False),
+                      device="cpu", timeout_s=timeout_s)
+    return [r["hand"] for r in ranks]
+
+
+def pipeline_on_ranks(runs: Sequence[dict[str, Any]], student_module: str = "pp_student",
+                      world_size: int = 2, timeout_s: float = 300) -> list[list[dict[str, Any]]]:
+    """Start ``world_size`` gloo ranks and run the student's pipeline on ``runs``
+    (:func:`pp_rank`): what a graded check's sandbox side calls on the hidden runs, and
+    what the lab's panel measures with. Returns ``[rank][run]`` records.
+
+    Raises:
+        perflab.distributed.RankFailedError, LaunchTimeoutError: as ``launch_fn``.
+    """
+    return launch_fn(pp_rank, world_size, args=(list(runs), student_module), device="cpu",
+                     timeout_s=timeout_s)

@@ -1,0 +1,87 @@
+"""Lab 10's tables, from the ranks' raw records (no clock read here, no launch).
+
+* :func:`tp_comm_share`: the tensor-parallel block's all-reduces on simulated links
+  (the alpha-beta model, :class:`perflab.core.simulated.LinkModel`) beside its measured
+  compute: the share of a step the communication would take on each link.
+* :func:`bubble_table`: the pipeline runs' measured idle fraction per schedule and
+  micro-batch count, beside GPipe's formula (p - 1) / (m + p - 1) (Huang et al. 2019,
+  arXiv:1811.06965, §2.2) as the student wrote it.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from perflab.core.simulated import LinkModel, SimulatedLink
+
+__all__ = ["tp_comm_share", "bubble_table"]
+
+
+def tp_comm_share(compute_s: float, message_bytes: Sequence[int], links: Sequence[SimulatedLink],
+                  world_size: int) -> pd.DataFrame:
+    """One row per link: the modelled time of the step's all-reduces (each ``alpha +
+    2(p-1)/p * n / beta``, a ring; Hockney 1994, Patarasuk & Yuan 2009) and its share of
+    ``compute_s + comm_s``, without overlap (Megatron's f and g block the next matmul).
+
+    Args:
+        compute_s: measured seconds of the block's forward+backward on one rank, no
+            collective (the slowest rank's median).
+        message_bytes: the all-reduce message sizes of one step (bytes, as counted).
+        links: the simulated links.
+        world_size: ranks in each all-reduce.
+
+    Raises:
+        ValueError: ``compute_s`` not > 0, or no messages.
+    """
+    if not compute_s > 0:
+        raise ValueError(f"compute_s must be > 0 seconds, got {compute_s!r}")
+    if not message_bytes:
+        raise ValueError("message_bytes is empty: no all-reduce was counted")
+    rows = []
+    for link in links:
+        model = LinkModel(link, world_size=world_size)
+        comm_s = sum(model.duration_s(n) for n in message_bytes)
+        rows.append({"link": link.name, "allreduces_per_step": len(message_bytes),
+                     "bytes_per_step": sum(message_bytes), "compute_ms": 1e3 * compute_s,
+                     "comm_ms": 1e3 * comm_s, "comm_share": comm_s / (compute_s + comm_s)})
+    return pd.DataFrame(rows).set_index("link")
+
+
+def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
+                 formula: Callable[[int, int], float] | None = None) -> pd.DataFrame:
+    """One row per run: the measured bubble ``1 - busy_s / step_s`` (per rank, median
+    over its timed steps; the row holds the mean over ranks and each rank's), the
+    formula's value, the step time and the peak micro-batches in flight per rank.
+
+    Args:
+        runs: the runs given to :func:`~perflab.labs.lab10.ranks.pp_rank`.
+        per_rank: ``pp_rank``'s result on each rank (``[rank][run]``).
+        formula: ``formula(p, m)`` (the student's); None or a raising formula leaves
+            the column NaN.
+
+    Raises:
+        ValueError: a run's record holds an error (its text is in the message).
+    """
+    p = len(per_rank)
+    rows = []
+    for i, run in enumerate(runs):
+        recs = [r[i] for r in per_rank]
+        bad = [f"rank {k}: {rec['error']}" for k, rec in enumerate(recs) if "error" in rec]
+        if bad:
+            raise ValueError(f"run {run['schedule']}, m={run['m']} failed: " + "; ".join(bad))
+        bubbles = [statistics.median(1 - b / s for b, s in zip(rec["busy_s"], rec["step_s"]))
+                   for rec in recs]
+        try:
+            want = float(formula(p, int(run["m"]))) if formula is not None else math.nan
+        except Exception:  # noqa: BLE001 - the student's formula: shown as missing
+            want = math.nan
+        rows.append({"schedule": run["schedule"], "m": int(run["m"]), "stages": p,
+                     "bubble_measured": statistics.fmean(bubbles),
+                     **{f"bubble_rank{k}": b for k, b in enumerate(bubbles)},
+                     "bubble_formula": want,
+                     "step_ms": 1e3 * max(statistics.median(rec["step_s"]) for rec in recs),
+                     **{f"in_flight_rank{k}": rec["peak_in_flight"] for k, rec in enumerate(recs)}})
+    return pd.DataFrame(rows)
