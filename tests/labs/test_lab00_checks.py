@@ -69,3 +69,28 @@ def test_throughput_right_and_wrong():
     short = _run_ns(times=(0.1, 0.1))
     LAB.run_code(short, LAB.solution("throughput"))
     assert not LAB.judge(short, "check_throughput").passed  # never passes on too few steps
+
+
+def test_the_course_map_names_every_lab():
+    """The map is read from perflab.labs.catalog (not typed), and the prose that walks
+    through it (cell 4, before section 2) names every lab of the catalog, 09 included
+    (issue 26: Lab 09 was missing)."""
+    import json
+    import re
+    from pathlib import Path
+
+    from perflab.labs.catalog import LABS
+
+    nb = json.loads((Path(__file__).resolve().parents[2] / "solutions" / "00_start_here.ipynb")
+                    .read_text())
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "lab_map(" in code, "the lab map must come from perflab.labs.catalog"
+    (walk,) = ["".join(c["source"]) for c in nb["cells"]
+               if c["cell_type"] == "markdown" and "build on each other" in "".join(c["source"])]
+    walk = walk.split("## 2.")[0]
+    named = set()
+    for lo, hi in re.findall(r"\b(\d\d)-(\d\d)\b", walk):
+        named |= {f"{n:02d}" for n in range(int(lo), int(hi) + 1)}
+    named |= set(re.findall(r"\b(\d\d)\b", walk))
+    missing = [lab.number for lab in LABS if lab.number not in named]
+    assert not missing, f"the course map's prose does not name lab(s) {missing}"

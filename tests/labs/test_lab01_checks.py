@@ -479,3 +479,78 @@ def test_every_lab01_check_has_wrong_answers():
     from perflab.course.answers import autograded
     assert set(autograded(LAB.nb)) == {c for _, c, _ in CASES}
     assert set(HONEST) == {a for a, _, _ in CASES}
+
+
+# -- the NVTX section (GPU-only): its CUDA branch run here on a stand-in ---------------------------
+def _nvtx_cell() -> str:
+    return next(c.source for c in LAB.nb.cells if c.cell_type == "code" and "NvtxPhases" in c.source)
+
+
+def test_nvtx_section_is_skipped_with_the_measured_reason_on_a_cpu(ns, monkeypatch, capsys):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    scope = dict(ns)
+    LAB.run_code(scope, _nvtx_cell())
+    out = capsys.readouterr().out
+    assert scope["nvtx_skipped"].startswith("torch.cuda.is_available() is False")
+    assert f"torch.version.cuda = {torch.version.cuda}" in out and scope["nvtx_ranges"] == []
+    assert "nsys profile --trace=cuda,nvtx" in out
+
+
+def test_nvtx_section_brackets_the_students_step_and_phases(ns, monkeypatch, capsys):
+    """On a GPU the cell pushes a range per step and per phase of the student's own
+    my_timed_step, balanced, inside emit_nvtx() and cudaProfilerStart/Stop: checked here
+    with recording stand-ins for torch.cuda's nvtx/profiler calls on a CPU training."""
+    import contextlib
+
+    import torch
+    from perflab.train.workloads import tiny_training
+
+    log = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stand-in GPU")
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda m: log.append(("push", m)) or 0)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: log.append(("pop",)) or 0)
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: log.append(("start",)))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: log.append(("stop",)))
+
+    @contextlib.contextmanager
+    def fake_emit_nvtx():
+        log.append(("emit on",))
+        yield
+        log.append(("emit off",))
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", fake_emit_nvtx)
+    parts = tiny_training(batches=4)
+    scope = dict(ns)
+    LAB.run_code(scope, LAB.solution("my_phase_timer"))
+    scope["build_training"] = lambda cfg: (list(zip(parts.x, parts.y)), parts.model,
+                                           parts.optimizer, torch.device("cpu"))
+    LAB.run_code(scope, _nvtx_cell())
+    assert scope["nvtx_skipped"] is None
+    assert log[0] == ("start",) and log[1] == ("emit on",) and log[-2:] == [("emit off",), ("stop",)]
+    depth, pushed = 0, []
+    for event in log:
+        if event[0] == "push":
+            depth += 1
+            pushed.append((event[1], depth))
+        elif event[0] == "pop":
+            depth -= 1
+            assert depth >= 0, "a range popped that was never pushed"
+    assert depth == 0, "ranges left open"
+    phases = ["perflab:data", "perflab:forward", "perflab:backward", "perflab:optimizer"]
+    for i in range(3):
+        assert pushed[5 * i] == (f"step {i}", 1)
+        assert pushed[5 * i + 1: 5 * i + 5] == [(p, 2) for p in phases]
+    assert len(scope["nvtx_ranges"]) == 15 and "15 NVTX ranges" in capsys.readouterr().out
+
+
+# -- the written answer ---------------------------------------------------------------------------
+def test_written_answer_is_a_rubric_with_a_model_answer():
+    cell = next(c for c in LAB.nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == "explain_sync_gap")
+    points = cell.metadata["nbgrader"]["points"]
+    answer = cell.source.split("### BEGIN SOLUTION", 1)[1]
+    assert answer.strip().startswith(f"**Rubric ({points} points).**")
+    assert "**A model answer, for the grader's reference** (true on any machine" in answer
+    assert "on a cpu" in answer.lower() and "gpu" in answer.lower()

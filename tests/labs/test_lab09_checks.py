@@ -213,13 +213,31 @@ WRONG_PREDICTIONS = {
     "zero1 without its broadcast": "zero1': {'all_reduce': P}",
     "fp16 not halved": "ddp_fp16': {'all_reduce': P}",
     "this lab's model only": "ddp': {'all_reduce': 33792}",
+    # issue 26: the paper's P_os is not torch's all-reduce + broadcast
+    "paper's ZeRO-1 as torch's": "zero1_paper': {'all_reduce': P, 'broadcast': P}",
+    "paper's ZeRO-1 as an all-reduce": "zero1_paper': {'all_reduce': P}",
 }
 _PREDICT = ("def predict_step_bytes(param_bytes, method):\n"
             "    P = param_bytes\n"
             "    return {'ddp': {'all_reduce': P}, 'ddp_fp16': {'all_reduce': P / 2},\n"
             "            'zero1': {'all_reduce': P, 'broadcast': P},\n"
             "            'zero_redundancy': {'all_reduce': P, 'broadcast': P},\n"
+            "            'zero1_paper': {'reduce_scatter': P, 'all_gather': P},\n"
             "            'fsdp2': {'all_gather': 2 * P, 'reduce_scatter': P}}[method]\n")
+_RING = ("def ring_bytes_sent(messages, world_size):\n"
+         "    s = (world_size - 1) / world_size\n"
+         "    f = {'all_reduce': 2 * s, 'reduce_scatter': s, 'all_gather': s, 'broadcast': s}\n"
+         "    return float(sum(f[k] * n for k, n in messages.items()))\n")
+WRONG_RING = {
+    "message sizes, not bytes sent": ("def ring_bytes_sent(messages, world_size):\n"
+                                      "    return float(sum(messages.values()))\n"),
+    "all-reduce counted as one half": _RING.replace("'all_reduce': 2 * s", "'all_reduce': s"),
+    "broadcast counted whole": _RING.replace("'broadcast': s", "'broadcast': 1.0"),
+    "2(p-1)/p for every kind": _RING.replace("'reduce_scatter': s, 'all_gather': s",
+                                             "'reduce_scatter': 2 * s, 'all_gather': 2 * s"),
+    "written for the examples (p = 4)": _RING.replace(
+        "s = (world_size - 1) / world_size", "s = 0.75"),
+}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -235,10 +253,17 @@ def test_predict_bytes_honest_variant_passes():
               "    times = {'ddp': [('all_reduce', 1)], 'ddp_fp16': [('all_reduce', 0.5)],\n"
               "             'zero1': [('all_reduce', 1), ('broadcast', 1)],\n"
               "             'zero_redundancy': [('all_reduce', 1), ('broadcast', 1)],\n"
+              "             'zero1_paper': [('reduce_scatter', 1), ('all_gather', 1)],\n"
               "             'fsdp2': [('all_gather', 2), ('reduce_scatter', 1)]}[method]\n"
               "    out = dict.fromkeys(['all_reduce', 'broadcast', 'all_gather', 'reduce_scatter'], 0)\n"
               "    out.update({kind: x * param_bytes for kind, x in times})\n"
-              "    return out\n")
+              "    return out\n\n"
+              "def ring_bytes_sent(messages, world_size):\n"
+              "    total = 0.0\n"
+              "    for kind, n in messages.items():\n"
+              "        hops = 2 if kind == 'all_reduce' else 1   # RS + AG for an all-reduce\n"
+              "        total += hops * n * (world_size - 1) / world_size\n"
+              "    return total\n")
     assert NB.verdict(_ns(), honest, "check_predict_bytes").passed
 
 
@@ -249,12 +274,32 @@ def test_wrong_prediction_fails(name):
     end = _PREDICT.index("}", start) + 1
     wrong = _PREDICT[:start] + WRONG_PREDICTIONS[name] + _PREDICT[end:]
     assert wrong != _PREDICT
-    _fails_on_a_hidden_case(NB.verdict(_ns(), wrong, "check_predict_bytes"))
+    _fails_on_a_hidden_case(NB.verdict(_ns(), wrong + _RING, "check_predict_bytes"))
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_RING))
+def test_wrong_ring_bytes_fails(name):
+    assert WRONG_RING[name] != _RING
+    _fails_on_a_hidden_case(NB.verdict(_ns(), _PREDICT + WRONG_RING[name], "check_predict_bytes"))
 
 
 def test_prediction_that_is_not_a_dict_fails():
     wrong = "def predict_step_bytes(param_bytes, method):\n    return 2.0 * param_bytes\n"
-    _fails_on_a_hidden_case(NB.verdict(_ns(), wrong, "check_predict_bytes"))
+    _fails_on_a_hidden_case(NB.verdict(_ns(), wrong + _RING, "check_predict_bytes"))
+
+
+def test_the_texts_zero1_schemes_are_the_judges():
+    """Issue 26: section 3 says torch's ZeRO-1 (all-reduce + broadcast) sends 1.5x DDP's
+    bytes per rank on a ring and the paper's P_os (reduce-scatter + all-gather) DDP's: the
+    reference functions agree at several world sizes."""
+    scope = _ns()
+    NB.run_code(scope, NB.solution("predict_bytes"))
+    predict, sent = scope["predict_step_bytes"], scope["ring_bytes_sent"]
+    for p in (2, 4, 64):
+        ddp = sent(predict(4000, "ddp"), p)
+        assert sent(predict(4000, "zero1_paper"), p) == pytest.approx(ddp)
+        assert sent(predict(4000, "zero_redundancy"), p) == pytest.approx(1.5 * ddp)
+        assert sent(predict(4000, "fsdp2"), p) == pytest.approx(1.5 * ddp)
 
 
 # -- check_error_feedback ----------------------------------------------------------------------------
@@ -368,3 +413,23 @@ def test_lab09_graded_in_the_sandbox(tmp_path):
                                           if c.status != "passed"]
     assert wrong["check_zero1"].status == "failed" and wrong["check_zero1"].points == 0
     assert wrong["check_state_bytes"].status == "passed"
+
+
+def test_written_answer_is_a_rubric_with_a_model_answer():
+    """Issue 26: the explain cell holds a rubric naming both ZeRO-1 schemes, true on any
+    machine (counts of bytes), not one run's outcome."""
+    cell = next(c for c in NB.nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == "explain_gap")
+    answer = cell.source.split("### BEGIN SOLUTION", 1)[1]
+    assert answer.strip().startswith(f"**Rubric ({cell.metadata['nbgrader']['points']} points).**")
+    assert "**A model answer, for the grader's reference** (true on any machine" in answer
+    for phrase in ("reduce-scatter", "all-gather", "broadcast", "2(p−1)/p", "3(p−1)/p"):
+        assert phrase in answer, phrase
+
+
+def test_the_core_label_is_printed_from_the_machine():
+    """Issue 26: '4 ranks share 2 cores' was typed in; the core label is printed from
+    the machine (perflab.analysis.scaling.core_label) instead (test_notebook_claims
+    catches a typed-in core count in any lab's markdown)."""
+    setup = NB.setup
+    assert "core_label(" in setup
