@@ -67,6 +67,9 @@ LABS: tuple[Lab, ...] = (
         "08_capstone.ipynb"),
     Lab("09", "Sharding and scaling", "What ZeRO-1 and FSDP2 save per rank, what they move, "
         "and how throughput scales with ranks", "09_sharding_and_scaling.ipynb"),
+    Lab("10", "Tensor and pipeline parallelism", "How do you split one model's layers "
+        "(tensor parallel) or its stack (pipeline) across ranks, and what does each cost in "
+        "collectives, bytes and idle time?", "10_tensor_and_pipeline_parallelism.ipynb"),
 )
 
 
@@ -172,6 +175,8 @@ def lab_capabilities(device: str = "auto", roofline: Any = None) -> list[dict[st
             "the datasheet's" if dev.type == "cuda" else "this CPU's measured matmul rate"),
         "09": f"FSDP2 / ZeRO-1 on gloo; scaling to 4 ranks on {cores} core(s)"
               + (" (oversubscribed beyond that)" if cores < 4 else ""),
+        "10": f"tensor, pipeline and 2-D parallelism on gloo; 4 ranks on {cores} core(s)"
+              + (" (oversubscribed)" if cores < 4 else ""),
     }
     root = source_checkout_root()
     rows = []
