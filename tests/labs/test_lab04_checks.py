@@ -23,13 +23,14 @@ LAB = Lab("04")
 
 #: The checks graded on hidden cases, each tried below on real wrong answers.
 GRADED_TESTED = ("check_checkpointed_forward", "check_predict_segments", "check_memory_peak",
-                 "check_accumulate", "check_largest_batch")
+                 "check_accumulate", "check_largest_batch", "check_allocator_record")
 #: check -> the answer cell(s) it grades
 ANSWERS = {"check_checkpointed_forward": ("checkpointed_forward",),
            "check_predict_segments": ("predict_segments",),
            "check_memory_peak": ("memory_profile",),
            "check_accumulate": ("accumulate",),
-           "check_largest_batch": ("largest_batch",)}
+           "check_largest_batch": ("largest_batch",),
+           "check_allocator_record": ("allocator_record",)}
 
 
 def _code_cell(marker: str) -> str:
@@ -84,10 +85,44 @@ def test_judge_needs_no_global_generator(ns, check, monkeypatch):
 
 
 _HEAD_BY_MEAN = '''
+import contextlib
+import torch
+
+_recomputing = [False]
+
+
+@contextlib.contextmanager
+def _flag_recompute():
+    _recomputing[0] = True
+    try:
+        yield
+    finally:
+        _recomputing[0] = False
+
+
+def _stash(bn, args):        # forward pre-hook: keep the buffers during a recompute
+    if _recomputing[0]:
+        bn._kept = [bn.running_mean.clone(), bn.running_var.clone(),
+                    bn.num_batches_tracked.clone()]
+
+
+def _unstash(bn, args, out):  # forward hook: put them back
+    if _recomputing[0]:
+        with torch.no_grad():
+            for b, v in zip((bn.running_mean, bn.running_var, bn.num_batches_tracked), bn._kept):
+                b.copy_(v)
+
+
 def checkpointed_forward(model, x):
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d) and not getattr(m, "_hooked", False):
+            m.register_forward_pre_hook(_stash)
+            m.register_forward_hook(_unstash)
+            m._hooked = True
     h = x
     for part in model.stages():
-        h = checkpoint(part, h, use_reentrant=False)
+        h = checkpoint(part, h, use_reentrant=False,
+                       context_fn=lambda: (contextlib.nullcontext(), _flag_recompute()))
     return model.fc(h.mean(dim=(2, 3)))
 '''
 _PREDICT_BY_SETS = '''
@@ -124,12 +159,67 @@ def largest_batch(bytes_at, budget, limit=4096):
             hi = mid - 1
     return lo
 '''
+_LARGEST_BY_SORT = '''
+def largest_allocation(snapshot):
+    allocs = [e for trace in snapshot["device_traces"] for e in trace if e["action"] == "alloc"]
+    if not allocs:
+        return None
+    top = sorted(allocs, key=lambda e: -e["size"])[0]      # sorted is stable: first on a tie
+    mine = [f for f in top["frames"] if f["filename"].endswith(".py")
+            and "/torch/" not in f["filename"]]
+    return top["size"], (f"{mine[0]['filename']}:{mine[0]['line']}" if mine else None)
+
+
+def fragmentation(stats):
+    out = {k: stats[f"{k}_bytes.all.current"] for k in ("reserved", "allocated", "inactive_split")}
+    out["cached_unused"] = out["reserved"] - out["allocated"]
+    return out
+'''
 #: check -> an honest answer written differently from the reference
 HONEST = {"check_checkpointed_forward": _HEAD_BY_MEAN,
+          "check_allocator_record": _LARGEST_BY_SORT,
           "check_predict_segments": _PREDICT_BY_SETS,
           "check_memory_peak": _PEAK_NUMPY,
           "check_accumulate": _ACCUMULATE_SUMS,
           "check_largest_batch": _SEARCH_UPPER}
+
+
+_STATS_UPDATED_IN_RECOMPUTE_ONLY = '''
+import contextlib
+
+
+def checkpointed_forward(model, x):
+    # the forward's update undone, the recompute's kept: one update per step, made in backward
+    h = x
+    for stage in model.stages():
+        h = checkpoint(stage, h, use_reentrant=False,
+                       context_fn=lambda: (batchnorm_stats_kept(model), contextlib.nullcontext()))
+    return model.fc(torch.flatten(model.avgpool(h), 1))
+'''
+
+
+def test_batchnorm_updated_once_in_backward_passes(ns):
+    """Undoing the forward's update and keeping the recompute's is one update per step of
+    the same batch statistics: honest, and it passes."""
+    verdict = _verdict(ns, "check_checkpointed_forward", _STATS_UPDATED_IN_RECOMPUTE_ONLY, seed=5)
+    assert verdict.passed, verdict.message
+
+
+def test_plain_checkpoint_fails_on_the_batchnorm_count(ns):
+    """The double update is what fails an uncorrected checkpoint, named in the message."""
+    verdict = _verdict(ns, "check_checkpointed_forward", _PLAIN_CHECKPOINT)
+    assert not verdict.passed and "num_batches_tracked" in verdict.message, verdict.message
+
+
+def test_self_check_fails_the_double_update(ns):
+    """The visible self-check already stops an uncorrected checkpoint."""
+    scope = dict(ns)
+    for gid in ANSWERS["check_checkpointed_forward"]:
+        LAB.run_code(scope, _reference(gid))
+    LAB.run_code(scope, _PLAIN_CHECKPOINT)
+    probe = split_check(LAB.cells["check_checkpointed_forward"]).probe
+    with pytest.raises(AssertionError, match="recomputation updated BatchNorm"):
+        LAB.run_code(scope, probe)
 
 
 @pytest.mark.parametrize("check", GRADED_TESTED)
@@ -161,6 +251,135 @@ def checkpointed_forward(model, x):
     for stage in model.stages():
         h = checkpoint(stage, h.detach(), use_reentrant=False)
     return model.fc(torch.flatten(model.avgpool(h), 1))
+'''
+_PLAIN_CHECKPOINT = '''
+def checkpointed_forward(model, x):
+    h = x
+    for stage in model.stages():
+        h = checkpoint(stage, h, use_reentrant=False)
+    return model.fc(torch.flatten(model.avgpool(h), 1))
+'''
+_COUNT_NOT_RESTORED = '''
+import contextlib
+from torch import nn
+
+
+@contextlib.contextmanager
+def stats_kept_but_count(model):
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    kept = [(m.running_mean.clone(), m.running_var.clone()) for m in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, (mean, var) in zip(norms, kept):
+                m.running_mean.copy_(mean)
+                m.running_var.copy_(var)
+
+
+def checkpointed_forward(model, x):
+    h = x
+    for stage in model.stages():
+        h = checkpoint(stage, h, use_reentrant=False,
+                       context_fn=lambda: (contextlib.nullcontext(), stats_kept_but_count(model)))
+    return model.fc(torch.flatten(model.avgpool(h), 1))
+'''
+_MOMENTUM_ZERO = '''
+import contextlib
+from torch import nn
+
+
+@contextlib.contextmanager
+def no_momentum(model):
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, mom in zip(norms, saved):
+            m.momentum = mom
+
+
+def checkpointed_forward(model, x):
+    h = x
+    for stage in model.stages():
+        h = checkpoint(stage, h, use_reentrant=False,
+                       context_fn=lambda: (contextlib.nullcontext(), no_momentum(model)))
+    return model.fc(torch.flatten(model.avgpool(h), 1))
+'''
+_STATS_FROZEN_ALL_STEP = '''
+import contextlib
+
+
+def checkpointed_forward(model, x):
+    h = x
+    with batchnorm_stats_kept(model):        # undoes the forward's update as well
+        for stage in model.stages():
+            h = checkpoint(stage, h, use_reentrant=False,
+                           context_fn=lambda: (batchnorm_stats_kept(model),
+                                               batchnorm_stats_kept(model)))
+    return model.fc(torch.flatten(model.avgpool(h), 1))
+'''
+_SEGMENT_ALLOC_COUNTS = '''
+def largest_allocation(snapshot):
+    best = None
+    for trace in snapshot["device_traces"]:
+        for e in trace:
+            if e["action"] in ("alloc", "segment_alloc") and (best is None or e["size"] > best["size"]):
+                best = e
+    where = next((f"{f['filename']}:{f['line']}" for f in best["frames"]
+                  if f["filename"].endswith(".py") and "/torch/" not in f["filename"]), None)
+    return best["size"], where
+'''
+_OUTERMOST_FRAME = '''
+def largest_allocation(snapshot):
+    best = max((e for t in snapshot["device_traces"] for e in t if e["action"] == "alloc"),
+               key=lambda e: e["size"])
+    mine = [f for f in best["frames"] if f["filename"].endswith(".py")
+            and "/torch/" not in f["filename"]]
+    return best["size"], (f"{mine[-1]['filename']}:{mine[-1]['line']}" if mine else None)
+'''
+_INNERMOST_ANY_FRAME = '''
+def largest_allocation(snapshot):
+    best = max((e for t in snapshot["device_traces"] for e in t if e["action"] == "alloc"),
+               key=lambda e: e["size"])
+    f = best["frames"][0] if best["frames"] else None
+    return best["size"], (f"{f['filename']}:{f['line']}" if f else None)
+'''
+_LAST_ON_TIE = '''
+def largest_allocation(snapshot):
+    best = None
+    for trace in snapshot["device_traces"]:
+        for e in trace:
+            if e["action"] == "alloc" and (best is None or e["size"] >= best["size"]):
+                best = e
+    where = next((f"{f['filename']}:{f['line']}" for f in best["frames"]
+                  if f["filename"].endswith(".py") and "/torch/" not in f["filename"]), None)
+    return best["size"], where
+'''
+_FIRST_DEVICE_ONLY = '''
+def largest_allocation(snapshot):
+    best = max((e for e in snapshot["device_traces"][0] if e["action"] == "alloc"),
+               key=lambda e: e["size"], default=None)
+    if best is None:
+        return None
+    where = next((f"{f['filename']}:{f['line']}" for f in best["frames"]
+                  if f["filename"].endswith(".py") and "/torch/" not in f["filename"]), None)
+    return best["size"], where
+'''
+_FRAGMENTATION_PEAK = '''
+def fragmentation(stats):
+    r, a = stats["reserved_bytes.all.peak"], stats["allocated_bytes.all.peak"]
+    return {"reserved": r, "allocated": a, "cached_unused": r - a,
+            "inactive_split": stats["inactive_split_bytes.all.current"]}
+'''
+_FRAGMENTATION_ACTIVE = '''
+def fragmentation(stats):
+    r, a = stats["reserved_bytes.all.current"], stats["active_bytes.all.current"]
+    return {"reserved": r, "allocated": a, "cached_unused": r - a,
+            "inactive_split": stats["inactive_split_bytes.all.current"]}
 '''
 _SUM_STAGES = "def predict_saved_mib(table, plan):\n    return float(table.saved_mib.sum())\n"
 _ALWAYS_FOUR = '''
@@ -301,6 +520,21 @@ WRONG = {
                                                          _SET_ATTRIBUTE),
     "only the last stage checkpointed": ("check_checkpointed_forward", _ONE_STAGE),
     "stage inputs detached": ("check_checkpointed_forward", _DETACHED),
+    "BatchNorm statistics updated again in the recompute": ("check_checkpointed_forward",
+                                                            _PLAIN_CHECKPOINT),
+    "recompute restores the statistics but not the count": ("check_checkpointed_forward",
+                                                            _COUNT_NOT_RESTORED),
+    "recompute with momentum 0 (still counts the batch)": ("check_checkpointed_forward",
+                                                          _MOMENTUM_ZERO),
+    "statistics frozen over the whole forward": ("check_checkpointed_forward",
+                                                 _STATS_FROZEN_ALL_STEP),
+    "segment_alloc taken for a tensor": ("check_allocator_record", _SEGMENT_ALLOC_COUNTS),
+    "outermost user frame": ("check_allocator_record", _OUTERMOST_FRAME),
+    "innermost frame even inside PyTorch": ("check_allocator_record", _INNERMOST_ANY_FRAME),
+    "last allocation on a tie": ("check_allocator_record", _LAST_ON_TIE),
+    "first device only": ("check_allocator_record", _FIRST_DEVICE_ONLY),
+    "fragmentation from the peaks": ("check_allocator_record", _FRAGMENTATION_PEAK),
+    "allocated read as active bytes": ("check_allocator_record", _FRAGMENTATION_ACTIVE),
     "prediction sums every stage": ("check_predict_segments", _SUM_STAGES),
     "prediction of the 4-segment run whatever the plan": ("check_predict_segments",
                                                           _ALWAYS_FOUR),
@@ -406,3 +640,19 @@ def test_reference_answers_pass_every_check(monkeypatch):
     assert set(verdicts) == set(GRADED_TESTED)
     assert all(v.passed for v in verdicts.values()), {
         g: v.message for g, v in verdicts.items() if not v.passed}
+
+
+def test_unanswered_prediction_breaks_no_later_cell(ns, tmp_path):
+    """The prediction cell as students get it (labs/, value None) records nothing, and the
+    measuring cell's line still prints (beside says no prediction was made)."""
+    from perflab.labs.predictions import Predictions
+
+    built = nbformat.read(str(ROOT / "labs" / LAB.path.name), as_version=4)
+    (stub,) = [c.source for c in built.cells
+               if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "predict_overhead"]
+    scope = dict(ns)
+    scope["predictions"] = Predictions("04", folder=tmp_path)
+    LAB.run_code(scope, stub)
+    assert scope["my_predicted_overhead_pct"] is None
+    line = scope["predictions"].beside("overhead_pct", 21.0, fmt="{:+.0f}")
+    assert "no prediction was recorded for overhead_pct" in line and "+21" in line
