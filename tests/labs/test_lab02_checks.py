@@ -203,9 +203,9 @@ WRONG_FIXED = {
     "not a RunConfig": 'my_fixed = {"decoded_cache": "memory", "device_prefetch": True}',
 }
 
-#: One honest answer per exercise, written differently from the reference: it passes.
+#: One honest answer per check, written differently from the reference: it passes.
 HONEST = {
-    "my_cached_dataset": ("as_tensor, negative indices by hand", '''
+    "check_cached_dataset": ("as_tensor, negative indices by hand", '''
 class MyCachedDataset(torch.utils.data.Dataset):
     def __init__(self, images, labels):
         self.rows, self.marks = images, labels
@@ -215,7 +215,7 @@ class MyCachedDataset(torch.utils.data.Dataset):
         if index < 0:
             index += len(self)
         return torch.as_tensor(self.rows[index]), self.marks[index].item()'''),
-    "my_loader": ("keyword arguments built up", '''
+    "check_loader": ("keyword arguments built up", '''
 def my_loader(dataset, *, batch_size, seed, num_workers, device):
     g = torch.Generator()
     g.manual_seed(seed)
@@ -224,7 +224,7 @@ def my_loader(dataset, *, batch_size, seed, num_workers, device):
     if num_workers:
         options.update(persistent_workers=True, prefetch_factor=4)
     return torch.utils.data.DataLoader(dataset, **options)'''),
-    "my_prefetcher": ("preloads on the first next()", '''
+    "check_prefetcher": ("preloads on the first next()", '''
 class MyPrefetcher:
     def __init__(self, batches, device, prepare=None):
         self.source, self.device, self.prepare = iter(batches), torch.device(device), prepare
@@ -246,18 +246,93 @@ class MyPrefetcher:
         out = self.pending
         self._stage()
         return out'''),
-    "my_fixed_pipeline": ("a memory-mapped cache fed by workers",
+    "check_fixed_pipeline": ("a memory-mapped cache fed by workers",
                           'my_fixed = slow.replace(decoded_cache="mmap", num_workers=2, '
                           'persistent_workers=True, prefetch_factor=2)'),
+    "check_prefetcher_streams": ("an event instead of wait_stream, `with stream:`, .cuda()", '''
+class MyPrefetcher:
+    def __init__(self, batches, device, prepare=None):
+        self.source, self.device, self.prepare = iter(batches), torch.device(device), prepare
+        self.side = torch.cuda.Stream() if torch.cuda.is_available() and self.device.type == "cuda" else None
+        self.ready = None
+        self._stage()
+    def _stage(self):
+        batch = next(self.source, None)
+        if batch is None:
+            self.ready = None
+            return
+        if self.side is None:
+            x, y = (t.to(self.device) for t in batch)
+            self.ready, self.event = (self.prepare(x, y) if self.prepare else (x, y)), None
+            return
+        with self.side:
+            x, y = (t.cuda(non_blocking=True) for t in batch)
+            self.ready = self.prepare(x, y) if self.prepare else (x, y)
+            self.event = torch.cuda.Event()
+            self.event.record()
+    def __iter__(self):
+        return self
+    def __next__(self):
+        if self.ready is None:
+            raise StopIteration
+        out = self.ready
+        if self.event is not None:
+            consumer = torch.cuda.current_stream()
+            consumer.wait_event(self.event)
+            for t in out:
+                t.record_stream(consumer)
+        self._stage()
+        return out'''),
+}
+
+#: The reference prefetcher (the solution cell), and wrong variants of its stream logic:
+#: each runs on the recording stand-in for torch.cuda and must fail the stream check.
+_SOLUTION_PREFETCHER = LAB.solution("my_prefetcher")
+
+
+def _variant(*swaps: tuple[str, str]) -> str:
+    code = _SOLUTION_PREFETCHER
+    for old, new in swaps:
+        assert old in code, f"{old!r} is not in the reference prefetcher"
+        code = code.replace(old, new)
+    return code
+
+
+_IN_SIDE_STREAM = "with torch.cuda.stream(self.stream) if self.stream else contextlib.nullcontext():"
+WRONG_STREAM_PREFETCHERS = {
+    "no wait_stream": _variant(("current.wait_stream(self.stream)", "pass")),
+    "no record_stream": _variant(("x.record_stream(current)", "pass"),
+                                 ("y.record_stream(current)", "pass")),
+    "record_stream on x only": _variant(("y.record_stream(current)", "pass")),
+    "record_stream on the side stream": _variant(("x.record_stream(current)", "x.record_stream(self.stream)"),
+                                                 ("y.record_stream(current)", "y.record_stream(self.stream)")),
+    "copies on the default stream": _variant((_IN_SIDE_STREAM, "if True:")),
+    "a blocking copy": _variant(("non_blocking=True", "non_blocking=False")),
+    "a host synchronize instead of wait_stream": _variant(
+        ("current.wait_stream(self.stream)", "torch.cuda.synchronize()")),
+    "the side stream waits for the consumer": _variant(
+        ("current.wait_stream(self.stream)", "self.stream.wait_stream(current)")),
+    "waits once, before any copy": _variant(
+        ("        self._preload()\n\n    def _preload", "        if self.stream is not None:\n"
+         "            torch.cuda.current_stream().wait_stream(self.stream)\n"
+         "        self._preload()\n\n    def _preload"),
+        ("current.wait_stream(self.stream)", "pass")),
+    "prepare on the default stream": _variant(
+        ("            self.next = self.prepare(x, y) if self.prepare else (x, y)\n",
+         "        self.next = self.prepare(x, y) if self.prepare else (x, y)\n")),
+    "a CPU pass-through": _OK_PREFETCHER_CPU,
+    "delegates to perflab.DevicePrefetcher": WRONG_PREFETCHERS["delegates to perflab.DevicePrefetcher"],
 }
 
 CASES = [("my_cached_dataset", "check_cached_dataset", WRONG_DATASETS),
          ("my_loader", "check_loader", WRONG_LOADERS),
          ("my_prefetcher", "check_prefetcher", WRONG_PREFETCHERS),
+         ("my_prefetcher", "check_prefetcher_streams", WRONG_STREAM_PREFETCHERS),
          ("my_fixed_pipeline", "check_fixed_pipeline", WRONG_FIXED)]
 
 #: The checks whose wrong answers run here (tests/labs/test_grading_checks.py reads it).
 CHECKS_TESTED = [c for _, c, _ in CASES]
+GRADED_TESTED = tuple(CHECKS_TESTED)
 
 
 @pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
@@ -269,9 +344,9 @@ def test_reference_answer_passes(ns, answer, check, seed):
     assert v.passed, v.message
 
 
-@pytest.mark.parametrize("answer, check", [(a, c) for a, c, _ in CASES])
-def test_honest_variant_passes(ns, answer, check):
-    name, code = HONEST[answer]
+@pytest.mark.parametrize("check", [c for _, c, _ in CASES])
+def test_honest_variant_passes(ns, check):
+    name, code = HONEST[check]
     v = _verdict(ns, code, check)
     assert v.passed, (name, v.message)
 
@@ -302,4 +377,27 @@ def test_fixed_pipeline_measures_nothing_in_grading():
 def test_every_lab02_check_has_wrong_answers():
     from perflab.course.answers import autograded
     assert set(autograded(LAB.nb)) == {c for _, c, _ in CASES}
-    assert set(HONEST) == {a for a, _, _ in CASES}
+    assert set(HONEST) == {c for _, c, _ in CASES}
+
+
+#: What the stream check says for each wrong stream variant (its first broken rule).
+STREAM_REASONS = {
+    "no wait_stream": "wait_stream(side_stream) first",
+    "no record_stream": "without tensor.record_stream",
+    "record_stream on x only": "without tensor.record_stream",
+    "record_stream on the side stream": "without tensor.record_stream",
+    "copies on the default stream": "copied on the default stream",
+    "a blocking copy": "non_blocking=False",
+    "a host synchronize instead of wait_stream": "wait_stream(side_stream) first",
+    "the side stream waits for the consumer": "wait_stream(side_stream) first",
+    "waits once, before any copy": "wait_stream(side_stream) first",
+    "prepare on the default stream": "prepare ran on the default stream",
+    "a CPU pass-through": "copied on the default stream",
+    "delegates to perflab.DevicePrefetcher": "DevicePrefetcher",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STREAM_REASONS))
+def test_stream_wrong_answers_fail_for_their_reason(ns, name):
+    v = _verdict(ns, WRONG_STREAM_PREFETCHERS[name], "check_prefetcher_streams")
+    assert not v.passed and STREAM_REASONS[name] in v.message, (name, v.message[-300:])
