@@ -7,10 +7,10 @@ a prefetcher calls (:data:`PATCHED`) by recording stand-ins, so the student's re
 (``torch.cuda.Stream()``, ``with torch.cuda.stream(s):``, ``x.to(device,
 non_blocking=True)``, ``torch.cuda.current_stream().wait_stream(s)``,
 ``x.record_stream(current)``) runs unchanged and leaves an event log. Like Lab 01's
-:class:`perflab.train.workloads.FakeAsyncDevice` it models only what the check needs: each stream counts
-the work queued on it (copies, ``prepare``), a ``wait_stream``/``wait_event`` notes how
-far the waiting stream waits for the other, and the source's tensors (a ``torch.Tensor``
-subclass) record their copies to ``"cuda"`` and ``record_stream`` calls. With
+:class:`perflab.train.workloads.FakeAsyncDevice` it models only what the check needs:
+each stream counts the work queued on it (copies, ``prepare``), a ``wait_stream`` or
+``wait_event`` notes how far the waiting stream waits for the other, and the source's
+tensors (a ``torch.Tensor`` subclass) record their copies to ``"cuda"`` and ``record_stream`` calls. With
 ``real=True`` (a CUDA GPU) the same recording wraps the real API.
 
 :func:`stream_problems` judges a log against the rules of PyTorch's "CUDA semantics"
