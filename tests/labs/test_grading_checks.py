@@ -55,13 +55,35 @@ def test_every_check_is_graded_on_hidden_cases_and_tried_on_wrong_answers():
     assert set(CHECKS) == REAL_ANSWERS
 
 
+def _grader_code(source: str) -> str:
+    """What the grader itself executes of a graded block: every statement but the
+    imports (shared with the sandbox) and ``def student_answer`` (run in the sandbox,
+    where launching the student's ranks for a correctness case is allowed)."""
+    import ast
+    tree = ast.parse(source)
+    keep = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))
+            and not (isinstance(n, ast.FunctionDef) and n.name == "student_answer")]
+    return "\n".join(ast.unparse(n) for n in keep)
+
+
 def test_no_check_grades_a_live_timing():
-    """The judges read no live clock: none imports time or perflab's timing tools."""
+    """The judges read no live clock and start no ranks: hidden_cases, judge_answer and
+    the helpers they call use neither time nor perflab's timing or launch tools."""
     for key, src in CHECKS.items():
         check = split_check(src)
-        judge = check.graded.grader_source if check.graded else check.judge
-        for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_"):
+        judge = _grader_code(check.graded.grader_source) if check.graded else check.judge
+        for word in ("perf_counter", "Stopwatch", "run_interleaved", "time.", "launch_",
+                     "_on_ranks"):
             assert word not in judge, (key, word)
+
+
+def test_the_grader_code_excludes_only_the_sandbox_side():
+    src = ("from perflab.distributed.launch import launch_fn\n"
+           "def hidden_cases(rng):\n    return [1]\n"
+           "def student_answer(case):\n    return launch_fn(f, 2)\n"
+           "def judge_answer(case, got):\n    assert got == time.perf_counter()\n")
+    code = _grader_code(src)
+    assert "launch_fn" not in code and "hidden_cases" in code and "perf_counter" in code
 
 
 def _norm(source: str) -> list[str]:
