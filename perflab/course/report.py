@@ -234,6 +234,9 @@ def write_answers(grades: Sequence[LabGrade], folder: str | Path) -> list[Path]:
             first = entries[0][1]
             out += [f"## `{gid}` ({first['points']:g} points)", "",
                     "> " + first["question"].strip().replace("\n", "\n> "), ""]
+            if first.get("rubric", "").strip():
+                out += ["<details><summary>Rubric and model answer (instructors only)"
+                        "</summary>", "", first["rubric"].strip(), "", "</details>", ""]
             for student, w in entries:
                 out += [f"### {student}", "", w["answer"].strip() or "*(no answer)*", ""]
                 if w["measured"]:

@@ -33,7 +33,8 @@ def written_answers(submission: nbformat.NotebookNode, reference: nbformat.Noteb
         ``question`` (the markdown cell before it in the reference), ``answer`` (the
         student's text, empty when missing), ``measured`` (text outputs of the code cells
         just before the answer in the student's own notebook: their numbers as they ran
-        it, not re-measured).
+        it, not re-measured), ``rubric`` (the reference cell's text: the rubric and its
+        model answer, from solutions/, never from the student's notebook).
     """
     by_gid = {_nbg(c).get("grade_id"): i for i, c in enumerate(submission.cells)
               if _nbg(c).get("grade_id")}
@@ -56,5 +57,6 @@ def written_answers(submission: nbformat.NotebookNode, reference: nbformat.Noteb
                     if len(measured) == 2:
                         break
         out.append({"grade_id": m["grade_id"], "points": float(m.get("points", 0)),
-                    "question": question, "answer": answer, "measured": measured})
+                    "question": question, "answer": answer, "measured": measured,
+                    "rubric": ref.source})
     return out

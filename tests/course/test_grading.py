@@ -387,6 +387,11 @@ def test_written_answers_collected_with_measured_numbers(reference, tmp_path):
     (path,) = write_answers([g], tmp_path / "answers")
     text = path.read_text()
     assert path.name == "09.md" and "### ada" in text and "step 0.123 s" in text
+    # the instructor grades by the reference's rubric, shown once per question
+    assert w["rubric"] == next(c.source for c in ref.cells
+                               if c.metadata.get("nbgrader", {}).get("grade_id") == w["grade_id"])
+    assert w["rubric"].strip() and w["rubric"].strip() in text
+    assert text.count("Rubric and model answer") == 1
 
 
 # -- grading with a kernel ------------------------------------------------------------------
