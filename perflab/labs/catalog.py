@@ -65,8 +65,9 @@ LABS: tuple[Lab, ...] = (
         "07_stragglers.ipynb"),
     Lab("08", "Capstone", "Your ladder, your FLOP count and MFU, a report of measured numbers",
         "08_capstone.ipynb"),
-    Lab("09", "Sharding and scaling", "What ZeRO-1 and FSDP2 save per rank, what they move, "
-        "and how throughput scales with ranks", "09_sharding_and_scaling.ipynb"),
+    Lab("09", "Sharding and scaling", "What ZeRO-1, your ZeRO-2 and your FSDP2 configuration "
+        "save per rank, what they move, and how throughput scales with ranks",
+        "09_sharding_and_scaling.ipynb"),
     Lab("10", "Tensor and pipeline parallelism", "How do you split one model's layers "
         "(tensor parallel) or its stack (pipeline) across ranks, and what does each cost in "
         "collectives, bytes and idle time?", "10_tensor_and_pipeline_parallelism.ipynb"),

@@ -4,11 +4,17 @@ Each function named ``*_rank`` is what every rank runs under
 :func:`perflab.distributed.launch_fn` (module level, so spawned ranks import it):
 
 * :func:`sharding_rank`: trains the same small MLP with AdamW under each method (plain
-  DDP, DDP with fp16 / PowerSGD communication hooks, the student's ZeRO-1 from their own
-  file, ``torch.distributed.optim.ZeroRedundancyOptimizer``, FSDP2's ``fully_shard``) and
+  DDP, DDP with fp16 / PowerSGD communication hooks, the student's ZeRO-1 and ZeRO-2
+  from their own file, ``torch.distributed.optim.ZeroRedundancyOptimizer``, FSDP2's
+  ``fully_shard``) and
   measures, per rank: model-state bytes (:func:`perflab.analysis.sharding.state_bytes`), the peak
   memory (:func:`perflab.core.memory.read_peak`, reset per method), collective bytes per step
   (:class:`perflab.analysis.sharding.count_collectives`) and the losses.
+* :func:`fsdp2_rank`: applies the student's FSDP2 configuration (``my_fully_shard`` from
+  their file: ``fully_shard`` per block and at the root, a ``MixedPrecisionPolicy``,
+  ``reshard_after_forward``) to :func:`perflab.models.mlp` models and measures, per rank,
+  the DTensor bytes of the parameters, the dtype of the forward's output and the
+  collectives of a steady-state step (counted, with their bytes).
 * :func:`tasks_rank`: runs a list of sharding and scaling tasks in one launch; the
   scaling task is the library's :func:`perflab.analysis.scaling.scaling_rank`.
 
@@ -31,7 +37,12 @@ from perflab.analysis.sharding import count_collectives, state_bytes
 from perflab.analysis.scaling import scaling_rank
 from perflab.models import mlp, mlp_batches
 
-__all__ = ["unsharded_adamw", "sharding_rank", "SHARDING_METHODS", "tasks_rank"]
+__all__ = ["unsharded_adamw", "sharding_rank", "SHARDING_METHODS", "fsdp2_rank", "tasks_rank",
+           "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
+
+#: The shipped recording of 1-, 2- and 4-rank weak and strong scaling runs
+#: (perflab/recordings/, written by :func:`record_scaling`).
+SCALING_RECORDING = "scaling_gloo_124.json"
 
 #: What :func:`sharding_rank` can run, and how each is built.
 SHARDING_METHODS = {
@@ -40,17 +51,22 @@ SHARDING_METHODS = {
     "ddp_powersgd": "DDP + AdamW, torch's PowerSGD hook (rank 1)",
     "zero1": "DDP + your ZeRO-1 (optimizer state sharded by parameter)",
     "zero_redundancy": "DDP + torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1)",
+    "zero2": "your ZeRO-2, no DDP (gradients reduce-scattered, AdamW on a flat shard)",
     "fsdp2": "FSDP2: fully_shard per Linear and the root (params, grads, state sharded)",
 }
 
 
 def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: int, *,
-                    lr: float = 1e-2, weight_decay: float = 0.01, seed: int = 0
-                    ) -> list[float]:
-    """The reference: one process, plain ``torch.optim.AdamW``, the global batch.
+                    lr: float = 1e-2, weight_decay: float = 0.01, seed: int = 0,
+                    with_state: bool = False) -> Any:
+    """The reference: one process, plain ``torch.optim.AdamW``, the global batch
+    (``world_size`` ranks' batches of :func:`perflab.models.mlp_batches`, concatenated).
 
     Returns:
-        The parameters after ``steps`` steps, flattened in ``model.parameters()`` order.
+        The fp32 parameters after ``steps`` steps, flattened in ``model.parameters()``
+        order (a list of floats); with ``with_state``, ``(params, exp_avg, exp_avg_sq)``,
+        AdamW's two buffers flattened in the same order (Loshchilov & Hutter 2019;
+        ``torch/optim/adamw.py``).
     """
     model = mlp(sizes, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -61,7 +77,12 @@ def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: in
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
-    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().flatten() for p in params]).tolist()
+    if not with_state:
+        return flat
+    return (flat, *(torch.cat([opt.state[p][k].flatten() for p in params]).tolist()
+                    for k in ("exp_avg", "exp_avg_sq")))
 
 
 def _build(method: str, model: torch.nn.Module, device: torch.device, lr: float,
@@ -70,6 +91,9 @@ def _build(method: str, model: torch.nn.Module, device: torch.device, lr: float,
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if method == "zero2":  # the student's: no DDP, their step() does the communication
+        opt = student.MyZero2(model.parameters(), lr=lr, weight_decay=weight_decay)
+        return model, opt, opt.local_optimizer
     if method == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -110,9 +134,10 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         sizes, batch, steps, seed: the model, per-rank batch and steps (>= 2; the first
             step is not counted in the collective bytes: it builds the optimizer state).
         student_module: module name of the student's file (``zero1_student`` for
-            ``zero1_student.py`` in the working folder); it must define ``MyZero1``
-            (``local_optimizer`` attribute) and ``my_state_bytes(optimizer)``. Needed for
-            "zero1"; when given, ``my_state_bytes`` is also called on every method.
+            ``zero1_student.py`` in the working folder); it must define ``MyZero1`` and,
+            for "zero2", ``MyZero2`` (each with a ``local_optimizer`` attribute) and
+            ``my_state_bytes(optimizer)``. Needed for "zero1" and "zero2"; when given,
+            ``my_state_bytes`` is also called on every method.
         lr, weight_decay: AdamW's.
         device: "cpu" or "cuda" (this rank's GPU).
         params_up_to: return the final parameters when the model has at most this many.
@@ -121,10 +146,13 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         method -> ``{"state": state_bytes(...), "student_optimizer_bytes": int | None,
         "largest_param_bytes", "num_params", "param_bytes" (unsharded fp32 total),
         "peak_bytes", "peak_label", "comm_per_step": count_collectives.summary,
-        "comm_calls_per_step", "losses", "params" (flat list or None)}``.
+        "comm_calls_per_step", "losses", "params" (flat list or None), "exp_avg" (the
+        local optimizer's ``exp_avg`` buffers flattened in its parameter order, a list of
+        floats, for "zero1" and "zero2" only; None otherwise)}``.
 
     Raises:
-        ValueError: an unknown method, steps < 2, or "zero1" without ``student_module``.
+        ValueError: an unknown method, steps < 2, or "zero1" / "zero2" without
+            ``student_module``.
     """
     import torch.distributed as dist
 
@@ -133,8 +161,8 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         raise ValueError(f"unknown methods {bad}; choose from {list(SHARDING_METHODS)}")
     if steps < 2:
         raise ValueError(f"steps must be >= 2 (one to build the state, then counted), got {steps}")
-    if "zero1" in methods and not student_module:
-        raise ValueError("method 'zero1' needs student_module (your file's module name)")
+    if {"zero1", "zero2"} & set(methods) and not student_module:
+        raise ValueError("methods 'zero1' and 'zero2' need student_module (your file's module name)")
     if student_module and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the student's file sits in the working folder
     student = importlib.import_module(student_module) if student_module else None
@@ -173,7 +201,79 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
             "param_bytes": 4 * sum(shapes), "peak_bytes": peak.peak_bytes, "peak_label": peak.kind,
             "comm_per_step": comm.summary(steps - 1),
             "comm_calls_per_step": {k: v / (steps - 1) for k, v in comm.calls.items()},
-            "losses": losses, "params": params}
+            "losses": losses, "params": params,
+            "exp_avg": _exp_avg(holder) if method in ("zero1", "zero2") else None}
+        dist.barrier()
+    return out
+
+
+def _exp_avg(optimizer: Any) -> list[float] | None:
+    """AdamW's ``exp_avg`` of ``optimizer`` (a torch optimizer), flattened in its
+    param_groups order; None when it has none."""
+    bufs = [optimizer.state[p]["exp_avg"].detach().flatten().cpu()
+            for g in getattr(optimizer, "param_groups", []) for p in g["params"]
+            if "exp_avg" in optimizer.state.get(p, {})]
+    return torch.cat(bufs).tolist() if bufs else None
+
+
+def fsdp2_rank(configs: Sequence[dict[str, Any]], student_module: str) -> list[dict[str, Any]]:
+    """Rank body: the student's ``my_fully_shard(model, reshard_after_forward,
+    param_dtype, reduce_dtype)`` on :func:`perflab.models.mlp` models, one per config.
+
+    Args:
+        configs: dicts with ``sizes``, ``batch`` (per rank), ``steps`` (>= 2: the first
+            is not counted), ``seed``, ``reshard_after_forward`` (bool), ``param_dtype``
+            and ``reduce_dtype`` (torch dtype names, e.g. "bfloat16").
+        student_module: the module name of the student's file in the working folder.
+
+    Returns:
+        Per config: ``{"local_param_bytes": bytes of this rank's parameter shards
+        (:func:`perflab.analysis.sharding.local_nbytes`), "all_dtensor": every parameter a
+        DTensor, "output_dtype": the forward's output dtype (str), "calls" / "bytes":
+        kind -> collectives per step and their message bytes per step (counted from the
+        second step on, :class:`perflab.analysis.sharding.count_collectives`),
+        "losses"}``.
+
+    Raises:
+        ValueError: a config with steps < 2.
+    """
+    import torch.distributed as dist
+
+    from perflab.analysis.sharding import local_nbytes
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the student's file sits in the working folder
+    student = importlib.import_module(student_module)
+    out = []
+    for cfg in configs:
+        if cfg["steps"] < 2:
+            raise ValueError(f"steps must be >= 2, got {cfg['steps']}")
+        model = mlp(cfg["sizes"], cfg["seed"])
+        model = student.my_fully_shard(model, cfg["reshard_after_forward"],
+                                       getattr(torch, cfg["param_dtype"]),
+                                       getattr(torch, cfg["reduce_dtype"])) or model
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        data = mlp_batches(cfg["sizes"], cfg["batch"], cfg["steps"], dist.get_rank(), cfg["seed"])
+        losses, output_dtype = [], None
+        with count_collectives() as comm:
+            for s, (x, y) in enumerate(data):
+                if s == 1:  # the steady state: the first step builds the optimizer state
+                    comm.calls.clear()
+                    comm.bytes.clear()
+                logits = model(x)
+                output_dtype = str(logits.dtype).removeprefix("torch.")
+                loss = torch.nn.functional.cross_entropy(logits.float(), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))
+        n = cfg["steps"] - 1
+        params = list(model.parameters())
+        out.append({"local_param_bytes": sum(local_nbytes(p) for p in params),
+                    "all_dtensor": all(callable(getattr(p, "to_local", None)) for p in params),
+                    "output_dtype": output_dtype,
+                    "calls": {k: v / n for k, v in comm.calls.items()},
+                    "bytes": {k: v / n for k, v in comm.bytes.items()}, "losses": losses})
         dist.barrier()
     return out
 
@@ -181,15 +281,68 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
 def tasks_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
     """Rank body running several experiments in one launch (process start-up costs
     seconds): ``tasks`` is a list of ``(name, args, kwargs)`` with name "sharding"
-    (:func:`sharding_rank`) or "scaling" (:func:`perflab.analysis.scaling.scaling_rank`); returns their results.
+    (:func:`sharding_rank`), "fsdp2_student" (:func:`fsdp2_rank`) or "scaling"
+    (:func:`perflab.analysis.scaling.scaling_rank`); returns their results.
 
     Raises:
         ValueError: an unknown task name.
     """
-    bodies = {"sharding": sharding_rank, "scaling": scaling_rank}
+    bodies = {"sharding": sharding_rank, "fsdp2_student": fsdp2_rank, "scaling": scaling_rank}
     out = []
     for name, args, kwargs in tasks:
         if name not in bodies:
-            raise ValueError(f"unknown task {name!r}; use 'sharding' or 'scaling'")
+            raise ValueError(f"unknown task {name!r}; use one of {list(bodies)}")
         out.append(bodies[name](*args, **kwargs))
     return out
+
+
+def record_scaling(path: str, *, steps: int = 20, seed: int = 0) -> dict[str, Any]:
+    """Record weak and strong scaling step times at 1, 2 and 4 gloo ranks on the 10 and
+    1 Gbit/s simulated links (Lab 06's link hook; :func:`perflab.analysis.scaling.scaling_rank`,
+    the 256-512-512-10 MLP, SGD, 256 samples per rank (weak) or 512 in all (strong)), and
+    write them to ``path`` as JSON: ``{"source", "machine", "sizes", "param_bytes",
+    "links": {name: {"alpha_s", "beta_bytes_per_s"}}, "runs": [{"mode", "link",
+    "world_size", "global_batch", "oversubscribed", "step_s": [slowest rank's step, s]}]}``.
+
+    Returns:
+        The recording (the dict written).
+    """
+    import json
+
+    from perflab.analysis.scaling import core_label, scaling_configs
+    from perflab.core.simulated import LINK_PRESETS
+    from perflab.distributed import launch_fn
+
+    sizes, links = [256, 512, 512, 10], [LINK_PRESETS["10gbe"], LINK_PRESETS["1gbe"]]
+
+    def configs(ws: int) -> list[dict]:
+        return scaling_configs(ws, links=links, per_rank_batch=256, global_batch=512,
+                               steps=steps, warmup=3)
+    runs = []
+    for ws, cfgs in ((2, configs(1) + configs(2)), (4, configs(4))):
+        ranks = launch_fn(scaling_rank, ws, args=(cfgs, sizes, seed), device="cpu", timeout_s=900)
+        for i, cfg in enumerate(ranks[0]):
+            w = cfg["world_size"]
+            slowest = [max(ranks[r][i]["step_s"][s] for r in range(w)) for s in range(steps)]
+            runs.append({"mode": cfg["mode"], "link": cfg["link"], "world_size": w,
+                         "global_batch": cfg["batch"] * w,
+                         "oversubscribed": "oversubscribed" in core_label(w),
+                         "step_s": slowest})
+    out = {"source": f"perflab.labs.lab09.record_scaling(steps={steps}, seed={seed})",
+           "machine": core_label(4), "sizes": sizes,
+           "param_bytes": 4 * sum(p.numel() for p in mlp(sizes).parameters()),
+           "links": {lk.name: {"alpha_s": lk.alpha_s, "beta_bytes_per_s": lk.beta_bytes_per_s}
+                     for lk in links}, "runs": runs}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    return out
+
+
+def load_scaling_recording() -> dict[str, Any]:
+    """The shipped :data:`SCALING_RECORDING` (see :func:`record_scaling` for its fields)."""
+    import importlib.resources
+    import json
+
+    return json.loads((importlib.resources.files("perflab") / "recordings" / SCALING_RECORDING
+                       ).read_text())

@@ -3,9 +3,14 @@ here as grading runs it (the student's code in the "kernel", the judge apart, an
 JSON). The reference solution passes at several seeds, an honest variant written
 differently passes, and wrong *student code* fails on a hidden case: a state counter
 that counts elements, assumes 4 bytes or a DTensor's global size; a ZeRO-1 that does not
-broadcast or does not shard (also run on 2 gloo ranks); a bytes-per-step prediction
-that misses a collective or only fits this lab's model; top-k without error feedback.
-A counter that calls perflab's ``state_bytes`` fails naming it."""
+broadcast or does not shard (also run on 2 gloo ranks); a ZeRO-2 that all-reduces the
+gradients, steps the whole model or forgets to divide by the world size (run on 2 gloo
+ranks, with the hidden launch); an FSDP2 configuration that shards only the root,
+ignores reshard_after_forward, forgets or swaps the mixed-precision dtypes; a
+bytes-per-step prediction that misses a collective or only fits this lab's model; top-k
+without error feedback; a scaling efficiency without n, the batches or a real CI, a
+step model without compute/N or the ring's (N-1)/N. A counter that calls perflab's
+``state_bytes`` (or ``scaling_efficiency``) fails naming it."""
 from __future__ import annotations
 
 import importlib
@@ -24,7 +29,8 @@ from perflab.labs.lab09 import sharding_rank, unsharded_adamw
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
 NB = Lab("09")
-GRADED_TESTED = ("check_state_bytes", "check_zero1", "check_predict_bytes",
+GRADED_TESTED = ("check_state_bytes", "check_zero1", "check_zero2", "check_fsdp2",
+                 "check_scaling_model", "check_predict_bytes",
                  "check_error_feedback")
 SEEDS = [0, 1, "grade:ada"]
 
@@ -433,3 +439,311 @@ def test_the_core_label_is_printed_from_the_machine():
     catches a typed-in core count in any lab's markdown)."""
     setup = NB.setup
     assert "core_label(" in setup
+
+
+# -- check_zero2: the student's ZeRO-2, run on 2 gloo ranks (this lab's launch and the hidden one) --
+_ZERO2 = '''
+class MyZero2:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01):
+        self.params = list(params)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.numel = sum(p.numel() for p in self.params)
+        self.chunk = -(-self.numel // self.world_size)
+        flat = self._flat([p.detach() for p in self.params])
+        start = self.rank * self.chunk
+        self.shard = torch.nn.Parameter(flat[start:start + self.chunk].clone())
+        self.local_optimizer = torch.optim.AdamW({optimized}, lr=lr, weight_decay=weight_decay)
+
+    def _flat(self, tensors):
+        flat = tensors[0].new_zeros(self.chunk * self.world_size)
+        flat[:self.numel] = torch.cat([t.flatten() for t in tensors])
+        return flat
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        grads = self._flat([p.grad for p in self.params])
+{reduce}
+        self.local_optimizer.step()
+        full = torch.empty_like(grads)
+        dist.all_gather_into_tensor(full, self.shard.detach())
+        offset = 0
+        for p in self.params:
+            p.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+'''
+_RS = ("        mine = torch.empty_like(self.shard)\n"
+       "        dist.reduce_scatter_tensor(mine, grads)\n"
+       "        self.shard.grad = mine / self.world_size\n")
+_GOOD_ZERO2 = _ZERO2.format(optimized="[self.shard]", reduce=_RS)
+
+# written differently: torch 2.13's names, torch.chunk, a functional copy-back
+_HONEST_ZERO2 = '''
+class MyZero2:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01):
+        self.params = list(params)
+        ws = dist.get_world_size()
+        n = sum(p.numel() for p in self.params)
+        self.pad = (ws - n % ws) % ws
+        flat = torch.nn.utils.parameters_to_vector([p.detach() for p in self.params])
+        flat = torch.nn.functional.pad(flat, (0, self.pad))
+        self.shard = torch.nn.Parameter(flat.chunk(ws)[dist.get_rank()].clone())
+        self.local_optimizer = torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        ws = dist.get_world_size()
+        g = torch.nn.functional.pad(torch.cat([p.grad.reshape(-1) for p in self.params]), (0, self.pad))
+        out = torch.zeros_like(self.shard)
+        dist.reduce_scatter_single(out, g.div(ws))
+        self.shard.grad = out
+        self.local_optimizer.step()
+        gathered = torch.zeros_like(g)
+        dist.all_gather_single(gathered, self.shard.data)
+        torch.nn.utils.vector_to_parameters(gathered[:gathered.numel() - self.pad], self.params)
+'''
+WRONG_ZERO2 = {
+    # the gradients all-reduced, then each rank slices its chunk: right parameters,
+    # half as many bytes again as DDP per rank
+    "all-reduces the gradients": _ZERO2.format(optimized="[self.shard]", reduce=(
+        "        dist.all_reduce(grads)\n"
+        "        self.shard.grad = grads[self.rank * self.chunk:(self.rank + 1) * self.chunk] / self.world_size\n")),
+    # every rank keeps AdamW over the whole model (DDP with extra steps): no sharding
+    "steps the whole model": '''
+class MyZero2:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01):
+        self.params = list(params)
+        self.local_optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        ws = dist.get_world_size()
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= ws
+        self.local_optimizer.step()
+''',
+    # the sum, not the mean: Adam's update barely moves, its first moment doubles
+    "forgets to divide by the world size": _ZERO2.format(optimized="[self.shard]", reduce=(
+        "        mine = torch.empty_like(self.shard)\n"
+        "        dist.reduce_scatter_tensor(mine, grads)\n"
+        "        self.shard.grad = mine\n")),
+}
+
+
+def _zero2_ns(tmp_path, monkeypatch, zero2: str) -> dict:
+    student = _module(tmp_path, monkeypatch, _GOOD_COUNTER, _GOOD_ZERO1 + zero2)
+    ranks = launch_fn(sharding_rank, 2, device="cpu", timeout_s=300,
+                      args=(["ddp", "zero2"], [32] * 9, 8, 6, student.__name__))
+    return {"__name__": "__main__", "small2": ranks, "zero1_student": student, "torch": torch,
+            "STEPS": 6, "WORLD_SIZE": 2}
+
+
+@slow
+@pytest.mark.parametrize("seed", [0, "grade:ada"])
+def test_zero2_reference_passes(seed, tmp_path, monkeypatch):
+    ns = _zero2_ns(tmp_path, monkeypatch, _GOOD_ZERO2)
+    NB.run_code(dict(ns), split_check(NB.cells["check_zero2"]).probe)   # the self-check too
+    verdict = NB.judge(ns, "check_zero2", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+@slow
+def test_zero2_honest_variant_passes(tmp_path, monkeypatch):
+    verdict = NB.judge(_zero2_ns(tmp_path, monkeypatch, _HONEST_ZERO2), "check_zero2", seed=1)
+    assert verdict.passed, verdict.message
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(WRONG_ZERO2))
+def test_wrong_zero2_fails(name, tmp_path, monkeypatch):
+    ns = _zero2_ns(tmp_path, monkeypatch, WRONG_ZERO2[name])
+    _fails_on_a_hidden_case(NB.judge(ns, "check_zero2"))
+
+
+def test_zero2_solution_calls_the_collectives_itself():
+    """Issue 28: the student's own code calls reduce_scatter_tensor and
+    all_gather_into_tensor (the solution's %%writefile cell)."""
+    cell = NB.cells["zero1_file"]
+    for name in ("class MyZero2", "dist.reduce_scatter_tensor(", "dist.all_gather_into_tensor("):
+        assert name in cell, name
+
+
+# -- check_fsdp2: the student's my_fully_shard, run on 2 gloo ranks ----------------------------------
+_FSDP_HEAD = "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+_GOOD_FSDP = '''
+def my_fully_shard(model, reshard_after_forward, param_dtype, reduce_dtype):
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return model
+'''
+# written differently: modules(), keyword dict, the root left to return None (the lab's
+# rank body uses the model it passed in)
+_HONEST_FSDP = '''
+def my_fully_shard(model, reshard_after_forward, param_dtype, reduce_dtype):
+    kw = {"reshard_after_forward": reshard_after_forward,
+          "mp_policy": MixedPrecisionPolicy(reduce_dtype=reduce_dtype, param_dtype=param_dtype)}
+    blocks = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    for block in blocks:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+'''
+WRONG_FSDP = {
+    "only the root": '''
+def my_fully_shard(model, reshard_after_forward, param_dtype, reduce_dtype):
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    return fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+''',
+    "ignores reshard_after_forward": _GOOD_FSDP.replace(
+        "reshard_after_forward=reshard_after_forward", "reshard_after_forward=True"),
+    "no mixed-precision policy": _GOOD_FSDP.replace("mp_policy=policy, ", ""),
+    "dtypes swapped": _GOOD_FSDP.replace("param_dtype=param_dtype, reduce_dtype=reduce_dtype",
+                                         "param_dtype=reduce_dtype, reduce_dtype=param_dtype"),
+}
+_FSDP_SETTINGS = [{"sizes": [32] * 9, "batch": 8, "steps": 3, "seed": 0, "reshard_after_forward": r,
+                   "param_dtype": p, "reduce_dtype": q}
+                  for r, p, q in [(True, "float32", "float32"), (False, "float32", "float32"),
+                                  (True, "bfloat16", "float32"), (False, "bfloat16", "bfloat16")]]
+
+
+def _fsdp_ns(tmp_path, monkeypatch, fsdp: str, launch: bool = False) -> dict:
+    from perflab.labs.lab09 import fsdp2_rank
+
+    student = _module(tmp_path, monkeypatch, _FSDP_HEAD + _GOOD_COUNTER, _GOOD_ZERO1 + fsdp)
+    ns = {"__name__": "__main__", "zero1_student": student, "torch": torch, "WORLD_SIZE": 2,
+          "NUM_PARAMS": 8448, "FSDP_SETTINGS": _FSDP_SETTINGS}
+    if launch:   # this notebook's launch, for the self-check
+        ns["fsdp2_mine"] = launch_fn(fsdp2_rank, 2, device="cpu", timeout_s=300,
+                                     args=(_FSDP_SETTINGS, student.__name__))
+    return ns
+
+
+@slow
+def test_fsdp2_reference_passes_its_self_check_and_grading(tmp_path, monkeypatch):
+    ns = _fsdp_ns(tmp_path, monkeypatch, _GOOD_FSDP, launch=True)
+    NB.run_code(dict(ns), split_check(NB.cells["check_fsdp2"]).probe)
+    for seed in (0, "grade:ada"):
+        verdict = NB.judge(ns, "check_fsdp2", seed=seed)
+        assert verdict.passed, verdict.message
+
+
+@slow
+def test_fsdp2_honest_variant_passes(tmp_path, monkeypatch):
+    verdict = NB.judge(_fsdp_ns(tmp_path, monkeypatch, _HONEST_FSDP), "check_fsdp2", seed=1)
+    assert verdict.passed, verdict.message
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(WRONG_FSDP))
+def test_wrong_fsdp2_fails(name, tmp_path, monkeypatch):
+    _fails_on_a_hidden_case(NB.judge(_fsdp_ns(tmp_path, monkeypatch, WRONG_FSDP[name]), "check_fsdp2"))
+
+
+# -- check_scaling_model: pure functions on the shipped recording and exact models ------------------
+def _scaling_ns(code: str | None = None) -> dict:
+    import numpy as np
+
+    ns = {"__name__": "__main__", "np": np}
+    NB.run_code(ns, code if code is not None else NB.solution("scaling_model"))
+    return ns
+
+
+def _with(old: str, new: str) -> str:
+    code = NB.solution("scaling_model")
+    assert old in code, old
+    return code.replace(old, new)
+
+
+WRONG_SCALING = {
+    "speedup, not divided by n": ("(n * global_batch_1 / t1)", "(global_batch_1 / t1)"),
+    "ignores the global batches": ("return (global_batch_n / tn) / (n * global_batch_1 / t1)",
+                                   "return t1 / (n * tn)"),
+    "a CI of zero width": ("return float(eff(np.median(a), np.median(b))), float(lo), float(hi)",
+                           "e = float(eff(np.median(a), np.median(b)))\n    return e, e, e"),
+    "compute not divided by N": ("np.stack([1 / n,", "np.stack([np.ones_like(n),"),
+    "ring bytes without (N-1)/N": ("2 * (n - 1) / n * message_bytes], axis=1)",
+                                   "2 * (n - 1) * message_bytes], axis=1)"),
+    "prediction without communication": (
+        "return (fit[\"compute_s\"] / n + 2 * (n - 1) * fit[\"alpha_s\"]",
+        "return (fit[\"compute_s\"] / n + 0 * fit[\"alpha_s\"]"),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_scaling_model_reference_passes(seed):
+    verdict = NB.judge(_scaling_ns(), "check_scaling_model", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_scaling_model_honest_variant_passes():
+    honest = '''
+import random, statistics
+
+def my_scaling_efficiency(step_s_1, step_s_n, n, global_batch_1, global_batch_n,
+                          resamples=2000, seed=0):
+    rng = random.Random(seed)
+    x = lambda batch, steps: batch / statistics.median(steps)
+    effs = sorted(x(global_batch_n, rng.choices(step_s_n, k=len(step_s_n)))
+                  / (n * x(global_batch_1, rng.choices(step_s_1, k=len(step_s_1))))
+                  for _ in range(resamples))
+    e = x(global_batch_n, step_s_n) / (n * x(global_batch_1, step_s_1))
+    return e, float(np.quantile(effs, 0.025)), float(np.quantile(effs, 0.975))
+
+def fit_step_model(world_sizes, step_s, message_bytes):
+    rows = np.array([[1 / w, 2 * (w - 1), 2 * (w - 1) / w * message_bytes] for w in world_sizes])
+    scale = np.abs(rows).max(axis=0)
+    coef = np.linalg.solve((rows / scale).T @ (rows / scale), (rows / scale).T @ np.array(step_s)) / scale
+    return dict(zip(["compute_s", "alpha_s", "s_per_byte"], map(float, coef)))
+
+def predict_step_s(fit, n, message_bytes):
+    ring = 2 * (n - 1)
+    return fit["compute_s"] / n + ring * fit["alpha_s"] + ring / n * message_bytes * fit["s_per_byte"]
+'''
+    for seed in (0, 1):
+        verdict = NB.judge(_scaling_ns(honest), "check_scaling_model", seed=seed)
+        assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_SCALING))
+def test_wrong_scaling_model_fails(name):
+    ns = _scaling_ns(_with(*WRONG_SCALING[name]))
+    _fails_on_a_hidden_case(NB.judge(ns, "check_scaling_model"))
+
+
+def test_scaling_model_that_calls_perflab_fails_naming_it():
+    code = ("from perflab.analysis.scaling import scaling_efficiency\n"
+            + NB.solution("scaling_model") + "\nmy_scaling_efficiency = scaling_efficiency\n")
+    verdict = NB.judge(_scaling_ns(code), "check_scaling_model")
+    assert not verdict.passed and "scaling_efficiency" in verdict.message
+
+
+def test_the_recording_is_labelled_and_complete():
+    from perflab.labs.lab09 import load_scaling_recording
+
+    rec = load_scaling_recording()
+    assert rec["source"].startswith("perflab.labs.lab09.record_scaling") and rec["machine"]
+    keys = {(r["mode"], r["link"], r["world_size"]) for r in rec["runs"]}
+    assert keys == {(m, lk, w) for m in ("weak", "strong") for lk in rec["links"] for w in (1, 2, 4)}
+    assert all(len(r["step_s"]) >= 8 and min(r["step_s"]) > 0 for r in rec["runs"])
+
+
+def test_scaling_written_answer_is_a_rubric():
+    cell = next(c for c in NB.nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == "explain_scaling")
+    answer = cell.source.split("### BEGIN SOLUTION", 1)[1]
+    assert answer.strip().startswith(f"**Rubric ({cell.metadata['nbgrader']['points']} points).**")
+    assert "**A model answer, for the grader's reference** (true on any machine" in answer
