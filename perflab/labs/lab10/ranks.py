@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -182,30 +182,31 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
             out["hand"].append(_error(e))
         dist.barrier()
     if dtensor:
-        try:
-            mesh = student.make_mesh((world,))
-        except Exception as e:  # noqa: BLE001 - the student's code
-            mesh, failed = None, _error(e)
-        for case in cases:
-            try:
-                out["dtensor"].append(_dtensor_case(student, case, mesh) if mesh is not None
-                                      else failed)
-            except Exception as e:  # noqa: BLE001 - the student's code
-                out["dtensor"].append(_error(e))
-            dist.barrier()
+        out["dtensor"] = _on_student_mesh(student, cases, _dtensor_case, (world,))
     if two_d and world % 2 == 0 and world >= 4:
-        try:
-            mesh2 = student.make_mesh((2, world // 2), ("dp", "tp"))
-        except Exception as e:  # noqa: BLE001 - the student's code
-            mesh2, failed = None, _error(e)
-        for case in cases:
-            try:
-                out["two_d"].append(_two_d_case(student, case, mesh2) if mesh2 is not None
-                                    else failed)
-            except Exception as e:  # noqa: BLE001 - the student's code
-                out["two_d"].append(_error(e))
-            dist.barrier()
+        out["two_d"] = _on_student_mesh(student, cases, _two_d_case, (2, world // 2),
+                                        ("dp", "tp"))
     return out
+
+
+def _on_student_mesh(student: Any, cases: Sequence[dict], case_fn: Callable, *mesh_args
+                     ) -> list[dict]:
+    """``case_fn(student, case, mesh)`` for every case on the mesh the student's
+    ``make_mesh(*mesh_args)`` builds; an error of the student's code (the mesh, or a case)
+    is recorded for that case, not raised, and the ranks meet at a barrier after each."""
+    import torch.distributed as dist
+    try:
+        mesh, failed = student.make_mesh(*mesh_args), None
+    except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
+        mesh, failed = None, _error(e)
+    results = []
+    for case in cases:
+        try:
+            results.append(case_fn(student, case, mesh) if mesh is not None else failed)
+        except Exception as e:  # noqa: BLE001 - the student's code
+            results.append(_error(e))
+        dist.barrier()
+    return results
 
 
 def _pp_run(student: Any, run: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
