@@ -106,6 +106,10 @@ def _print_ladder(ladder) -> None:
     print()
     for verdict in ladder.table.verdict[1:]:
         print(f"  {verdict}")
+    rows = set(ladder.table.rung)
+    for move, why in ladder.skipped.items():  # moves with no row: over the budget, hopeless
+        if move not in rows:
+            print(f"  {move} skipped: {why}")
     print(f"\ncumulative speedup {ladder.cumulative_speedup:.2f}x per sample; kept: "
           f"{', '.join(ladder.kept) or 'none'}; best config: "
           f"{ladder.best_config.display_label()}"

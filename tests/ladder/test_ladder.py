@@ -482,7 +482,7 @@ def test_a_rung_slower_by_less_than_the_factor_is_still_tried_jointly(tmp_path):
     assert lad.best_on == ("amp", "channels_last")
 
 
-def test_budget_skips_moves_that_would_pass_it(tmp_path, monkeypatch):
+def test_budget_skips_moves_that_would_pass_it(tmp_path, monkeypatch, capsys):
     """A fake clock: each run takes 10 s; a 45 s budget measures the first trials and
     names the moves it did not measure."""
     import perflab.ladder.moves as moves
@@ -499,6 +499,11 @@ def test_budget_skips_moves_that_would_pass_it(tmp_path, monkeypatch):
     assert lad.trials == 2                                   # 20 s each; a third passes 45 s
     over = {k: v for k, v in lad.skipped.items() if "budget_s=45" in v}
     assert over and all("would pass budget_s=45 s" in v for v in over.values())
+    from perflab.cli.ladder import _print_ladder          # the CLI names what it skipped
+    _print_ladder(lad)
+    text = capsys.readouterr().out
+    for move, why in over.items():   # a rung's own row prints its reason; a move's a line
+        assert why in text, (move, text)
     with pytest.raises(ValueError, match="budget_s"):
         climb(_tiny(), rungs=FOUR, rounds=1, progress=False, save=False,
               run_fn=FakeRuns(), budget_s=0)
