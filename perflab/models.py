@@ -17,8 +17,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from perflab.core.config import MAX_SEQ_LEN
+
 __all__ = ["BasicBlock", "ResNet", "resnet18", "tiny_cnn", "build_model", "mlp", "mlp_batches",
-           "GPT", "GPT_TINY", "TOKEN_MODELS", "gpt_tiny"]
+           "GPT", "GPT_TINY", "gpt_tiny"]
 
 
 class BasicBlock(nn.Module):
@@ -248,9 +250,7 @@ class GPT(nn.Module):
 
 #: ``gpt-tiny``: byte-level (256 tokens), 4 blocks, 4 heads, width 128, up to 256 tokens
 #: of context (858,880 parameters; the head is tied to the token embedding).
-GPT_TINY = dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, max_seq_len=256)
-#: RunConfig models that read token sequences (the rest read images).
-TOKEN_MODELS = ("gpt-tiny",)
+GPT_TINY = dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, max_seq_len=MAX_SEQ_LEN)
 
 
 def gpt_tiny(vocab_size: int = 256) -> GPT:

@@ -25,9 +25,9 @@ from perflab.core.simulated import SimulatedLink, Straggler
 __all__ = ["RunConfig", "PRESETS", "MODELS", "CACHE_MODES", "COMM_HOOKS"]
 
 MODELS = ("resnet18", "gpt-tiny", "tiny")
-#: Models that read token sequences, not images (kept equal to perflab.models.TOKEN_MODELS).
+#: Models that read token sequences, not images.
 TOKEN_MODELS = ("gpt-tiny",)
-#: Longest sequence of a token model (GPT_TINY's max_seq_len).
+#: Longest sequence of a token model (perflab.models.GPT_TINY's max_seq_len).
 MAX_SEQ_LEN = 256
 AMP_MODES = ("off", "bf16", "fp16")
 CACHE_MODES = ("off", "memory", "mmap")

@@ -303,11 +303,7 @@ def make_loader(config: RunConfig, *, split: str = "train") -> torch.utils.data.
                          f"batch_size={config.batch_size} (drop_last=True would yield no "
                          "batch); lower batch_size or add images")
     generator = torch.Generator().manual_seed(config.seed)
-    kwargs: dict[str, Any] = dict(
-        num_workers=config.num_workers, pin_memory=config.pin_memory,
-        persistent_workers=config.persistent_workers)
-    if config.prefetch_factor is not None:
-        kwargs["prefetch_factor"] = config.prefetch_factor
+    kwargs = _worker_kwargs(config)
     if train and config.decoded_cache != "off":
         from perflab.data.cache import cached_batches  # the cache imports this module
 
@@ -334,13 +330,19 @@ def _token_loader(config: RunConfig, split: str) -> torch.utils.data.DataLoader:
         raise ValueError(f"the {split} split of the byte corpus has {len(dataset)} windows "
                          f"of seq_len={config.seq_len}, fewer than batch_size="
                          f"{config.batch_size}; lower batch_size or seq_len")
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=config.batch_size, shuffle=split == "train",
+        generator=torch.Generator().manual_seed(config.seed), drop_last=True,
+        **_worker_kwargs(config))
+
+
+def _worker_kwargs(config: RunConfig) -> dict[str, Any]:
+    """DataLoader's worker options from ``config`` (prefetch_factor only when set)."""
     kwargs: dict[str, Any] = dict(num_workers=config.num_workers, pin_memory=config.pin_memory,
                                   persistent_workers=config.persistent_workers)
     if config.prefetch_factor is not None:
         kwargs["prefetch_factor"] = config.prefetch_factor
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=config.batch_size, shuffle=split == "train",
-        generator=torch.Generator().manual_seed(config.seed), drop_last=True, **kwargs)
+    return kwargs
 
 
 def infinite_batches(loader: torch.utils.data.DataLoader) -> Iterator[Any]:

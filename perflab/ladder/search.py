@@ -48,7 +48,7 @@ from perflab.core.memory import PeakMemory
 from perflab.core.result import RunResult
 from perflab.core.paths import default_results_dir
 from perflab.core.storage import check_writable, write_atomic
-from perflab.ladder.moves import RESCUE_FACTOR, _Search  # noqa: F401  (RESCUE_FACTOR: re-exported)
+from perflab.ladder.moves import _Search
 
 __all__ = ["climb", "resume_climb", "search_all", "validate_climb"]
 
