@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=_DESCRIPTION)
     p.add_argument("--size", default="quick", help="tiny (CI), quick (64 px) or full")
     p.add_argument("--rungs", default=None, help="comma-separated rungs in order "
-                   "(default: data_loading,amp,channels_last,compile,larger_batch)")
+                   "(default: every rung, in the order of perflab.ladder.rungs.RUNGS; "
+                   "those that do not apply here are listed as skipped)")
     p.add_argument("--skip", default="", help="comma-separated rungs to leave out")
     p.add_argument("--rounds", type=int, default=None,
                    help="interleaved A/B rounds per rung (default: tiny 2, quick 4, full 3)")
@@ -47,7 +48,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="stop the search after this many comparisons (default: no limit)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-clock bound of the search in seconds: a move estimated to "
-                        "pass it is not measured (listed as skipped; default: no bound)")
+                        "pass it (its compile included) is not measured and is listed as "
+                        "skipped; default: the size's (tiny 80, quick 280, full none); "
+                        "0: no bound")
     for flag, kind in (("model", str), ("dataset", str), ("device", str),
                        ("image-size", int), ("batch-size", int), ("steps", int),
                        ("warmup-steps", int)):
@@ -79,7 +82,7 @@ def cmd_ladder(args: argparse.Namespace) -> int:
 
 def _climb(args: argparse.Namespace):
     """The finished ladder: resumed from ``--resume``, else climbed from the flags."""
-    from perflab.ladder.rungs import RUNGS, naive_config
+    from perflab.ladder.rungs import BUDGET_S, RUNGS, naive_config
     from perflab.ladder.search import climb, resume_climb
 
     if args.resume is not None:
@@ -91,10 +94,13 @@ def _climb(args: argparse.Namespace):
         "warmup_steps") if getattr(args, k) is not None}
     config = naive_config(args.size, **overrides)  # bad values: before any work
     rungs = _names(args.rungs) if args.rungs else list(RUNGS)
+    if args.budget_s is not None and args.budget_s < 0:
+        raise ValueError(f"--budget-s must be seconds >= 0 (0: no bound), got {args.budget_s:g}")
+    budget_s = BUDGET_S.get(args.size) if args.budget_s is None else (args.budget_s or None)
     return climb(config, size=args.size, rungs=rungs, skip=_names(args.skip),
                  rounds=args.rounds, alpha=args.alpha, progress=not args.quiet,
                  out_dir=args.out, search=not args.greedy, max_trials=args.max_trials,
-                 budget_s=args.budget_s)
+                 budget_s=budget_s)
 
 
 def _print_ladder(ladder) -> None:

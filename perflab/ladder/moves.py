@@ -41,6 +41,23 @@ def _change(a: RunConfig, b: RunConfig, settings: Sequence[str]) -> str:
     return ", ".join(parts + [f"{s}=True" for s in settings])
 
 
+def _compile_extra_s(result: RunResult) -> float:
+    """Seconds the warm-up steps took beyond steady steps: torch.compile's compile (and
+    recompiles) happen in the first step of a run (``RunResult.step.warmup_s``)."""
+    step = result.step
+    if not step.warmup_s or not step.times_s:
+        return 0.0
+    return max(0.0, sum(step.warmup_s) - len(step.warmup_s) * step.median)
+
+
+def _graph(variant: Variant | str) -> frozenset | None:
+    """What a compiled variant's graph depends on (every rung on but the input pipeline,
+    which changes no traced op), or None when it is not compiled."""
+    if isinstance(variant, str) or variant.config.compile == "off":
+        return None
+    return frozenset(variant.on) - {"data_loading"}
+
+
 class _Search:
     """The moves of :func:`climb` over a set of rungs that are on."""
 
@@ -50,7 +67,9 @@ class _Search:
         self.max_trials, self.budget_s = max_trials, budget_s
         self.t0 = time.monotonic()
         self.slower: dict[str, tuple[float, int]] = {}  # rung -> (slowdown alone, trial)
-        self.trial_s: list[float] = []  # wall seconds of each measured trial
+        self.trial_s: list[float] = []  # wall seconds of each measured trial, compiles out
+        self.compile_s = 0.0  # the longest compile a trial measured (first-step extra)
+        self.graphs: set[frozenset] = set()  # compiled graphs this process has built
         self.first_pass_left = len(todo)
         self.on: frozenset[str] = frozenset()
         self.done: list[Rung] = []
@@ -102,7 +121,7 @@ class _Search:
                         f"{RESCUE_FACTOR:g}x a rung it interacts with is assumed to "
                         "recover: not re-tried"))
                 return False
-        estimate = self._estimate_s(cand_on)
+        estimate = self._estimate_s(cand_on, cand)
         if (self.budget_s is not None and self.trial_s
                 and time.monotonic() - self.t0 + estimate > self.budget_s):
             self.skipped.setdefault(name, (
@@ -114,7 +133,10 @@ class _Search:
         self._show_progress(name, move, estimate)
         t_trial = time.monotonic()
         a, b = self.trials.measure([inc, cand])
-        self.trial_s.append(time.monotonic() - t_trial)
+        extras = [_compile_extra_s(r) for r in (a, b)]
+        self.compile_s = max([self.compile_s] + extras)
+        self.trial_s.append(max(0.0, time.monotonic() - t_trial - sum(extras)))
+        self.graphs.update(g for g in (_graph(inc), _graph(cand)) if g is not None)
         if move == "add":
             self.first_pass_left -= 1
         if self.bar.total is not None and self.bar.n + 1 > self.bar.total:
@@ -141,15 +163,19 @@ class _Search:
                 self.slower[r] = (1 / cmp.speedup, len(self.done) - 1)
         return kept
 
-    def _estimate_s(self, cand_on: frozenset) -> float:
-        """Seconds the move to ``cand_on`` should take: the last trial's time, the
-        candidate half scaled by the slowdowns its new rungs showed alone (0 before any
-        trial)."""
+    def _estimate_s(self, cand_on: frozenset, cand: Variant) -> float:
+        """Seconds the move to ``cand_on`` should take: the last trial's time without its
+        compiles, the candidate half scaled by the slowdowns its new rungs showed alone,
+        plus the longest compile measured so far when the candidate needs a compiled
+        graph this process has not built (a cached graph costs nothing: dynamo reuses it
+        for a new model instance). 0 before any trial."""
         if not self.trial_s:
             return 0.0
         half = self.trial_s[-1] / 2
         slow = math.prod(self.slower.get(r, (1.0, 0))[0] for r in cand_on - self.on)
-        return half + half * slow
+        graph = _graph(cand)
+        compile_s = self.compile_s if graph is not None and graph not in self.graphs else 0.0
+        return half + half * slow + compile_s
 
     def _show_progress(self, name: str, move: str, estimate: float) -> None:
         """The bar's postfix: the move, trials left in the first pass, the estimate and

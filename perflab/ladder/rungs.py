@@ -40,7 +40,7 @@ from perflab.core.measurement import Measurement
 from perflab.core.result import RunResult
 from perflab.train.step import optimizer_options
 
-__all__ = ["RUNGS", "GROUPS", "INTERACTING", "SIZES", "ROUNDS", "Variant", "naive_config",
+__all__ = ["RUNGS", "GROUPS", "INTERACTING", "SIZES", "ROUNDS", "BUDGET_S", "Variant", "naive_config",
            "rung_config", "unavailable", "make_variant", "applied", "checkpointed_batch_size",
            "per_sample"]
 
@@ -71,6 +71,11 @@ SIZES: dict[str, dict] = {
 #: Interleaved rounds per comparison when ``climb(rounds=None)``: more, shorter rounds
 #: spread a burst of load from other programs over both sides of a comparison.
 ROUNDS = {"tiny": 2, "quick": 4, "full": 3}
+#: ``perflab ladder``'s default wall-clock bound per size (seconds; None: no bound), so
+#: the CLI finishes in the time a size promises on a 2-core CPU (tiny: CI, under 90 s;
+#: quick: under 5 minutes). The moves it skips are named in the table and report;
+#: ``--budget-s 0`` searches without a bound.
+BUDGET_S: dict[str, float | None] = {"tiny": 80.0, "quick": 280.0, "full": None}
 #: The larger_batch rung tries batches up to this multiple of the current one.
 MAX_BATCH_FACTOR = 4
 

@@ -507,3 +507,60 @@ def test_budget_skips_moves_that_would_pass_it(tmp_path, monkeypatch, capsys):
     with pytest.raises(ValueError, match="budget_s"):
         climb(_tiny(), rungs=FOUR, rounds=1, progress=False, save=False,
               run_fn=FakeRuns(), budget_s=0)
+
+
+def test_budget_counts_the_compile_a_new_graph_needs(tmp_path, monkeypatch):
+    """A fake clock: each run takes 10 s, and a compiled graph not built before costs
+    30 s more in its first step. After the compile trial (50 s), amp on top needs a new
+    graph (estimated 20 + 30 s: over a 90 s budget, skipped, the reason named); the
+    input pipeline on top reuses the graph (estimated 20 s: measured)."""
+    import perflab.ladder.moves as moves
+    clock = {"t": 0.0}
+    monkeypatch.setattr(moves.time, "monotonic", lambda: clock["t"])
+    built: set[frozenset] = set()
+
+    class Compiling(FakeRuns):
+        def __call__(self, configs, *, rounds, progress):
+            out = super().__call__(configs, rounds=rounds, progress=progress)
+            for i, c in enumerate(configs):
+                clock["t"] += 10.0
+                graph = features(c) - {"data_loading"}
+                if c.compile != "off" and graph not in built:
+                    built.add(graph)
+                    clock["t"] += 30.0
+                    step = out[i].step
+                    slow = Measurement("step", step.times_s, (30.0 + step.median,),
+                                       step.samples_per_step)
+                    out[i] = dataclasses.replace(out[i], phases={**out[i].phases,
+                                                                 "step": slow})
+            return out
+
+    lad = climb(_tiny(), rungs=["compile", "amp", "data_loading"], rounds=1,
+                progress=False, out_dir=tmp_path, run_fn=Compiling(), budget_s=90)
+    measured = [r.name for r in lad.rungs]
+    assert measured[0] == "compile" and "data_loading" in measured, measured
+    assert "amp" not in measured and "would pass budget_s=90 s" in lad.skipped["amp"]
+    assert "about 50 s" in lad.skipped["amp"], lad.skipped["amp"]
+
+
+def test_cli_ladder_budget_defaults_per_size(tmp_path, capsys, monkeypatch):
+    """`perflab ladder` bounds each size by BUDGET_S unless told; 0 lifts the bound; a
+    negative budget is refused before any work."""
+    import perflab.ladder.search
+    from perflab.ladder.rungs import BUDGET_S
+
+    seen = []
+
+    def record(*a, **k):
+        seen.append(k["budget_s"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(perflab.ladder.search, "climb", record)
+    for flags in (["--size", "tiny"], ["--size", "quick"], ["--size", "full"],
+                  ["--size", "tiny", "--budget-s", "0"], ["--budget-s", "42"]):
+        assert main(["ladder", *flags, "--out", str(tmp_path / "x")]) == 130
+    assert seen == [BUDGET_S["tiny"], BUDGET_S["quick"], None, None, 42.0]
+    assert BUDGET_S["tiny"] <= 90 and BUDGET_S["quick"] <= 300
+    assert main(["ladder", "--budget-s", "-1", "--out", str(tmp_path / "y")]) == 2
+    assert "--budget-s must be seconds >= 0" in capsys.readouterr().err
+    assert len(seen) == 5
