@@ -49,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-clock bound of the search in seconds: a move estimated to "
                         "pass it (its compile included) is not measured and is listed as "
-                        "skipped; default: the size's (tiny 80, quick 280, full none); "
+                        "skipped; default: the size's (tiny 70, quick 260, full none); "
                         "0: no bound")
     for flag, kind in (("model", str), ("dataset", str), ("device", str),
                        ("image-size", int), ("batch-size", int), ("steps", int),
