@@ -6,8 +6,9 @@ that counts elements, assumes 4 bytes or a DTensor's global size; a ZeRO-1 that 
 broadcast or does not shard (also run on 2 gloo ranks); a ZeRO-2 that all-reduces the
 gradients, steps the whole model or forgets to divide by the world size (run on 2 gloo
 ranks, with the hidden launch); an FSDP2 configuration that shards only the root,
-ignores reshard_after_forward, forgets or swaps the mixed-precision dtypes; a
-bytes-per-step prediction that misses a collective or only fits this lab's model; top-k
+ignores reshard_after_forward, forgets or swaps the mixed-precision dtypes; FSDP2
+prefetching that points a block at itself, prefetches backward the wrong way, skips a block
+or sets nothing (the order of collectives recorded on 2 gloo ranks); a bytes-per-step prediction that misses a collective or only fits this lab's model; top-k
 without error feedback; a scaling efficiency without n, the batches or a real CI, a
 step model without compute/N or the ring's (N-1)/N. A counter that calls perflab's
 ``state_bytes`` (or ``scaling_efficiency``) fails naming it."""
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
 NB = Lab("09")
 GRADED_TESTED = ("check_state_bytes", "check_zero1", "check_zero2", "check_fsdp2",
-                 "check_scaling_model", "check_predict_bytes",
+                 "check_prefetch", "check_scaling_model", "check_predict_bytes",
                  "check_error_feedback")
 SEEDS = [0, 1, "grade:ada"]
 
@@ -747,3 +748,190 @@ def test_scaling_written_answer_is_a_rubric():
     answer = cell.source.split("### BEGIN SOLUTION", 1)[1]
     assert answer.strip().startswith(f"**Rubric ({cell.metadata['nbgrader']['points']} points).**")
     assert "**A model answer, for the grader's reference** (true on any machine" in answer
+
+
+# -- check_prefetch: the student's my_prefetch, the order recorded on 2 gloo ranks ------------------
+_GOOD_PREFETCH = NB.cells["zero1_file"].split("def my_prefetch(model):", 1)[1]
+_GOOD_PREFETCH = "\ndef my_prefetch(model):" + _GOOD_PREFETCH
+# written differently: modules(), backward first, zip over neighbours, returns None
+_HONEST_PREFETCH = '''
+def my_prefetch(model):
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for later, earlier in zip(layers[1:], layers[:-1]):
+        later.set_modules_to_backward_prefetch([earlier])
+        earlier.set_modules_to_forward_prefetch([later])
+'''
+WRONG_PREFETCH = {
+    # each block "prefetches" itself: already gathered, so nothing is issued early
+    "points at the same block": _GOOD_PREFETCH.replace(
+        "block.set_modules_to_forward_prefetch([blocks[i + 1]])",
+        "block.set_modules_to_forward_prefetch([block])"),
+    # backward prefetch towards the blocks already done: they are gathered again
+    "backward the wrong way": _GOOD_PREFETCH.replace(
+        "        if i > 0:\n            block.set_modules_to_backward_prefetch([blocks[i - 1]])",
+        "        if i + 1 < len(blocks):\n            block.set_modules_to_backward_prefetch([blocks[i + 1]])"),
+    # two blocks ahead: block i + 1 is gathered late, block i + 2 early
+    "two blocks ahead": _GOOD_PREFETCH.replace(
+        "        if i + 1 < len(blocks):\n            block.set_modules_to_forward_prefetch([blocks[i + 1]])",
+        "        if i + 2 < len(blocks):\n            block.set_modules_to_forward_prefetch([blocks[i + 2]])"),
+    "sets nothing": "\ndef my_prefetch(model):\n    return model\n",
+}
+_PREFETCH_LAB = [{"sizes": [32] * 9, "batch": 8, "seed": 0, "prefetch": p} for p in (False, True)]
+_PREFETCH_SEEDS = [0, "grade:ada"]
+
+
+def _prefetch_file(body: str) -> str:
+    return _HEAD + _FSDP_HEAD + _GOOD_COUNTER + _GOOD_ZERO1 + _GOOD_FSDP + body
+
+
+@pytest.fixture(scope="module")
+def prefetch_launched(tmp_path_factory):
+    """variant -> {"lab": per-rank records of the lab's configs, seed: per-rank records of
+    that seed's hidden configs}: ONE real 2-rank launch for every variant and seed."""
+    import os
+
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+    from perflab.labs.lab09 import tasks_rank
+
+    folder = tmp_path_factory.mktemp("lab09_prefetch")
+    files = {"pf_good": _GOOD_PREFETCH, "pf_honest": _HONEST_PREFETCH,
+             **{f"pf_{k.replace(' ', '_')}": v for k, v in WRONG_PREFETCH.items()}}
+    cases_fn, _ = graded_functions(split_check(NB.cells["check_prefetch"]).graded, "check_prefetch")
+    tasks, keys = [], []
+    for name, body in files.items():
+        (folder / f"{name}.py").write_text(_prefetch_file(body))
+        tasks.append(("prefetch_order", (_PREFETCH_LAB, name), {}))
+        keys.append((name, "lab"))
+        for seed in _PREFETCH_SEEDS:
+            tasks.append(("prefetch_order", (draw_cases(cases_fn, seed)[-1]["configs"], name), {}))
+            keys.append((name, seed))
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        ranks = launch_fn(tasks_rank, 2, args=(tasks,), device="cpu", timeout_s=600)
+    finally:
+        os.chdir(here)
+    out: dict = {}
+    for i, (name, key) in enumerate(keys):
+        out.setdefault(name, {})[key] = [r[i] for r in ranks]
+    return out
+
+
+def _judge_prefetch(monkeypatch, launched, variant: str, seed, lab_variant: str | None = None):
+    """check_prefetch at ``seed``: the lab's records of ``lab_variant`` (default the same),
+    its hidden launch answered from ``variant``'s records of that seed."""
+    import json
+    import types
+
+    import perflab.distributed
+
+    def fake_launch(fn, world_size, *, args=(), **kwargs):
+        assert world_size == 2
+        return [[r] for r in json.loads(json.dumps(launched[variant][seed]))]
+
+    monkeypatch.setattr(perflab.distributed, "launch_fn", fake_launch)
+    ns = {"__name__": "__main__", "PREFETCH_CONFIGS": _PREFETCH_LAB,
+          "prefetch_mine": launched[lab_variant or variant]["lab"],
+          "zero1_student": types.SimpleNamespace(__name__=variant)}
+    return NB.judge(ns, "check_prefetch", seed=seed)
+
+
+@slow
+@pytest.mark.parametrize("seed", _PREFETCH_SEEDS)
+def test_prefetch_reference_passes(seed, prefetch_launched, monkeypatch):
+    verdict = _judge_prefetch(monkeypatch, prefetch_launched, "pf_good", seed)
+    assert verdict.passed, verdict.message
+
+
+@slow
+def test_prefetch_honest_variant_passes(prefetch_launched, monkeypatch):
+    verdict = _judge_prefetch(monkeypatch, prefetch_launched, "pf_honest", "grade:ada")
+    assert verdict.passed, verdict.message
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(WRONG_PREFETCH))
+def test_wrong_prefetch_fails(name, prefetch_launched, monkeypatch):
+    variant = f"pf_{name.replace(' ', '_')}"
+    _fails_on_a_hidden_case(_judge_prefetch(monkeypatch, prefetch_launched, variant, 0))
+    # the hidden models alone (the lab's records from the reference) fail it too
+    _fails_on_a_hidden_case(_judge_prefetch(monkeypatch, prefetch_launched, variant, "grade:ada",
+                                            lab_variant="pf_good"))
+
+
+@slow
+def test_prefetch_self_check_catches_the_wrong_variants(prefetch_launched):
+    probe = split_check(NB.cells["check_prefetch"]).probe
+    ns = {"__name__": "__main__", "PREFETCH_CONFIGS": _PREFETCH_LAB}
+    NB.run_code(dict(ns, prefetch_mine=prefetch_launched["pf_good"]["lab"]), probe)
+    for name in WRONG_PREFETCH:
+        with pytest.raises(AssertionError):
+            NB.run_code(dict(ns, prefetch_mine=prefetch_launched[f"pf_{name.replace(' ', '_')}"]["lab"]),
+                        probe)
+
+
+def test_prefetch_judge_needs_both_ranks_and_the_labs_configs():
+    """Short or foreign records fail: one rank only, or the lab's configs changed."""
+    import json
+
+    cases_fn, judge = graded_functions_of("check_prefetch")
+    good = {"configs": _PREFETCH_LAB, "ranks": [[{"forward": [], "backward": [], "async_ops": []}] * 2] * 2}
+    with pytest.raises(AssertionError):
+        judge(None, json.loads(json.dumps(good)))   # empty orders
+    with pytest.raises(AssertionError):
+        judge(None, json.loads(json.dumps({**good, "ranks": good["ranks"][:1]})))
+    with pytest.raises(AssertionError):
+        judge(None, json.loads(json.dumps({**good, "configs": [{**c, "sizes": [32] * 3} for c in _PREFETCH_LAB]})))
+
+
+def graded_functions_of(gid: str):
+    from perflab.course.checks import graded_functions
+
+    return graded_functions(split_check(NB.cells[gid]).graded, gid)
+
+
+def test_prefetch_solution_uses_the_fsdp2_prefetch_apis():
+    body = NB.cells["zero1_file"].split("def my_prefetch(model):", 1)[1]
+    for name in ("set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch"):
+        assert name in body, name
+
+
+def test_prefetch_timing_needs_cuda_ranks():
+    """The exposed-communication timing is GPU-only: on a CPU rank it raises, saying why."""
+    from perflab.labs.lab09.prefetch import prefetch_step_rank
+
+    if torch.cuda.is_available():
+        pytest.skip(f"CUDA is available here ({torch.cuda.device_count()} GPU(s)): the error path is CPU-only")
+    with pytest.raises(RuntimeError, match="needs CUDA ranks"):
+        prefetch_step_rank({"sizes": [4, 4], "batch": 2, "seed": 0}, "no_such_module")
+
+
+def test_record_order_logs_collectives_and_forwards_in_order(monkeypatch):
+    """record_order wraps torch.distributed's all-gather / reduce-scatter functions (fakes
+    here: no process group) and the blocks' forwards, and puts the originals back."""
+    import torch.distributed as dist
+
+    from perflab.labs.lab09.prefetch import record_order
+
+    def fake_gather(output_tensor, input_tensor, group=None, async_op=False):
+        return None
+
+    def fake_scatter(output, input, op=None, group=None, async_op=False):
+        return None
+
+    monkeypatch.setattr(dist, "all_gather_single", fake_gather)
+    monkeypatch.setattr(dist, "reduce_scatter_single", fake_scatter)
+    blocks = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    rec = record_order(blocks)
+    with rec:
+        dist.all_gather_single(torch.zeros(6), torch.zeros(3))
+        blocks[0](torch.zeros(1, 2))
+        dist.all_gather_single(torch.zeros(2, dtype=torch.bfloat16), torch.zeros(1), async_op=True)
+        blocks[1](torch.zeros(1, 2))
+        rec.phase = "backward"
+        dist.reduce_scatter_single(torch.zeros(2), torch.zeros(4))
+    assert rec.events == {"forward": [["all_gather", 24], ["forward", 0], ["all_gather", 4], ["forward", 1]],
+                          "backward": [["reduce_scatter", 16]]}
+    assert rec.async_ops == [False, True]
+    assert dist.all_gather_single is fake_gather and not blocks[0]._forward_pre_hooks

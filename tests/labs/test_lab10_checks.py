@@ -7,14 +7,17 @@ block missing the backward all-reduce (Megatron's f), one missing the forward al
 parallelize; an α-β model that forgets the backward all-reduce or the ring factor; a
 2-D layout that sums the replicas' gradients or never all-reduces them, an accounting that
 shards the replicated bias or forgets the backward all-reduce; a pipeline returning the
-last micro-batch's loss or the sum; a bubble formula with m and p swapped.
+last micro-batch's loss or the sum, or one building its stage over all ranks instead of the
+pipeline's group (caught by the lab's 4-rank launch of 2- and 4-stage runs); a bubble formula
+with m and p swapped.
 
 Checks whose ``student_answer`` launches ranks (``check_tp_hand``, ``check_pp_loss``) are
 tested with ONE real 2-rank launch that runs every variant's file on the hidden cases of
 every tested seed (:func:`_jobs_rank`); the check's own ``launch_fn`` call is then answered
 from those records (the same cases, drawn the same way), so the judge sees what the ranks
-really computed. The checks on the lab's own 4-rank launch (``check_tp_dtensor``,
-``check_two_d``) get the records of one real 4-rank launch per variant file.
+really computed. The checks on the lab's own 4-rank launches (``check_tp_dtensor``,
+``check_two_d``, and ``check_pp_loss``'s first case: its 2- and 4-stage runs) get the
+records of one real 4-rank launch that runs every variant file.
 """
 from __future__ import annotations
 
@@ -158,7 +161,12 @@ WRONG_PP = {
     "summed_losses": PP_GOOD.replace(
         "    return torch.stack(losses).mean().item() if losses else None\n",
         "    return torch.stack(losses).sum().item() if losses else None\n"),
+    # takes the group but builds the stage over all ranks: a 2-stage pipeline inside the
+    # lab's 4-rank launch fails (PipelineStage refuses a group larger than its stages)
+    "group_not_passed": PP_GOOD.replace(', torch.device("cpu"), group=group)', ', torch.device("cpu"))'),
 }
+#: wrong only where the lab's 4-rank launch runs: the 2-rank hidden runs pass
+PP_WRONG_ON_4_RANKS_ONLY = ("group_not_passed",)
 
 
 def test_variants_differ_from_the_solution():
@@ -190,6 +198,11 @@ def _hidden(gid: str, seed):
 
 
 LAB_TP_CASES = [{"d": 8, "batch": 2, "seq": 3, "seed": 1}, {"d": 12, "batch": 1, "seq": 5, "seed": 7}]
+#: the lab's pipeline launch, cut down (no simulated sleep, no timed repeat): both schedules
+#: on 2 stages (ranks 0-1 of 4) and on 4
+LAB_PP_RUNS = [{"schedule": s, "m": m, "stages": p, "width": 16, "blocks": 4, "batch": 16, "seed": 0,
+                "forward_s_per_row": 0.0, "backward_s_per_row": 0.0, "repeats": 0}
+               for p, m in ((2, 2), (4, 4)) for s in ("gpipe", "1f1b")]
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +223,7 @@ def launched(tmp_path_factory):
                 jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0]["cases"]))
                 keys.append((name, seed))
             elif name.startswith("pp_"):
-                jobs.append(("pp", name, _hidden("check_pp_loss", seed)[0]["runs"]))
+                jobs.append(("pp", name, _hidden("check_pp_loss", seed)[-1]["runs"]))   # [0]: the lab's launch
                 keys.append((name, seed))
     here = os.getcwd()
     os.chdir(folder)   # the ranks import the students' files from their working folder
@@ -227,15 +240,18 @@ def launched(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launched4(tmp_path_factory):
-    """variant -> the per-rank records of the lab's 4-rank launch (1-D TP and the 2-D layout)."""
+    """variant -> the per-rank records of the lab's 4-rank launches (1-D TP and the 2-D
+    layout for the tp_* files; the 2- and 4-stage pipeline runs for the pp_* files)."""
     from perflab.distributed import launch_fn
 
     folder = tmp_path_factory.mktemp("lab10_students4")
     files = {"tp_good": TP_GOOD, "tp_honest": TP_HONEST, "tp_not_parallel": TP_NOT_PARALLEL,
-             **{f"tp_{k}": v for k, v in WRONG_DP.items()}}
+             **{f"tp_{k}": v for k, v in WRONG_DP.items()},
+             "pp_good": PP_GOOD, "pp_honest": PP_HONEST, **{f"pp_{k}": v for k, v in WRONG_PP.items()}}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
-    jobs = [("two_d", name, LAB_TP_CASES) for name in files]
+    jobs = [("two_d", name, LAB_TP_CASES) if name.startswith("tp_") else ("pp", name, LAB_PP_RUNS)
+            for name in files]
     here = os.getcwd()
     os.chdir(folder)
     try:
@@ -246,7 +262,8 @@ def launched4(tmp_path_factory):
 
 
 def _judge_launched(monkeypatch, launched, gid: str, variant: str, seed, ns=None):
-    """Run check ``gid`` at ``seed`` with its ``launch_fn`` answered from ``variant``'s records."""
+    """Run check ``gid`` at ``seed`` with its ``launch_fn`` answered from ``variant``'s records
+    (``ns``: the notebook globals the check reads, e.g. the lab's own launch)."""
     import perflab.labs.lab10.ranks
 
     def fake_launch(fn, world_size, *, args=(), **kwargs):
@@ -411,23 +428,58 @@ def test_2d_accounting_written_for_tp_2_only_fails():
 
 
 # -- check_pp_loss ----------------------------------------------------------------------------------
+def _pp_ns(launched4, variant: str) -> dict:
+    """The notebook globals check_pp_loss reads: the lab's runs and its 4-rank records."""
+    return {"__name__": "__main__", "PP_RUNS": LAB_PP_RUNS,
+            "pp_ranks": json.loads(json.dumps(launched4[variant]))}
+
+
 @slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_pp_loss_reference_passes(seed, launched, monkeypatch):
-    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", seed)
+def test_pp_loss_reference_passes(seed, launched, launched4, monkeypatch):
+    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", seed,
+                              _pp_ns(launched4, "pp_good"))
     assert verdict.passed, verdict.message
 
 
 @slow
-def test_pp_loss_honest_variant_passes(launched, monkeypatch):
-    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_honest", 0)
+def test_pp_loss_honest_variant_passes(launched, launched4, monkeypatch):
+    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_honest", 0,
+                              _pp_ns(launched4, "pp_honest"))
     assert verdict.passed, verdict.message
 
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_PP))
-def test_wrong_pipeline_loss_fails(name, launched, monkeypatch):
-    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, "check_pp_loss", f"pp_{name}", 1))
+def test_wrong_pipeline_loss_fails(name, launched, launched4, monkeypatch):
+    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, "check_pp_loss", f"pp_{name}", 1,
+                                            _pp_ns(launched4, f"pp_{name}")))
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(WRONG_PP))
+def test_wrong_pipeline_fails_on_the_labs_4_rank_launch(name, launched, launched4, monkeypatch):
+    """The lab's 2- and 4-stage records alone fail every wrong pipeline (the good one's
+    2-rank hidden records beside them); the group-less one passes the 2-rank hidden runs."""
+    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", 1,
+                              _pp_ns(launched4, f"pp_{name}"))
+    _fails_on_a_hidden_case(verdict)
+    if name in PP_WRONG_ON_4_RANKS_ONLY:
+        alone = _judge_launched(monkeypatch, launched, "check_pp_loss", f"pp_{name}", 1,
+                                _pp_ns(launched4, "pp_good"))
+        assert alone.passed, alone.message
+
+
+@slow
+def test_pp_loss_needs_4_stage_runs(launched, launched4, monkeypatch):
+    """A lab launch without its 4-stage runs (or with a rank missing) fails."""
+    ns = _pp_ns(launched4, "pp_good")
+    two_only = [k for k, run in enumerate(LAB_PP_RUNS) if run["stages"] == 2]
+    short = dict(ns, PP_RUNS=[LAB_PP_RUNS[k] for k in two_only],
+                 pp_ranks=[[r[k] for k in two_only] for r in ns["pp_ranks"]])
+    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", 0, short))
+    three = dict(ns, pp_ranks=ns["pp_ranks"][:3])
+    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", 0, three))
 
 
 # -- check_bubble -----------------------------------------------------------------------------------
@@ -513,3 +565,78 @@ def test_student_files_use_the_torch_apis_the_issue_names():
     for name in ("PipelineStage", "ScheduleGPipe", "Schedule1F1B"):
         assert name in pp, name
     assert any("init_device_mesh" in c.source for c in NB.nb.cells if c.cell_type == "markdown")
+
+
+# -- the library pieces the 4-stage runs and the link plot added ---------------------------------------
+def _pp_rec(busy, step, flight):
+    return {"busy_s": [busy], "step_s": [step], "peak_in_flight": flight, "losses": [None],
+            "stage_layers": 1, "stages": 2}
+
+
+def test_bubble_table_reads_each_runs_stages():
+    """A 2-stage run on ranks 0-1 of a 4-rank launch (ranks 2-3 idle) beside a 4-stage run."""
+    import math
+
+    from perflab.labs.lab10.tables import bubble_table
+
+    runs = [{"schedule": "gpipe", "m": 4, "stages": 2}, {"schedule": "1f1b", "m": 4, "stages": 4}]
+    per_rank = [[_pp_rec(0.8, 1.0, 4), _pp_rec(0.5, 1.0, 4)], [_pp_rec(0.6, 1.0, 4), _pp_rec(0.5, 1.0, 3)],
+                [{"idle": True}, _pp_rec(0.5, 1.0, 2)], [{"idle": True}, _pp_rec(0.5, 1.0, 1)]]
+    t = bubble_table(runs, per_rank, lambda p, m: (p - 1) / (m + p - 1))
+    assert list(t.stages) == [2, 4]
+    assert t.bubble_measured[0] == pytest.approx(0.3) and t.bubble_measured[1] == pytest.approx(0.5)
+    assert t.bubble_formula.tolist() == pytest.approx([1 / 5, 3 / 7])
+    assert math.isnan(t.bubble_rank2[0]) and t.in_flight_rank3.isna()[0] and t.in_flight_rank3[1] == 1
+    per_rank[1][1] = {"error": "RuntimeError: boom"}
+    with pytest.raises(ValueError, match="p=4, m=4 failed: rank 1: RuntimeError: boom"):
+        bubble_table(runs, per_rank)
+
+
+def test_pp_rank_rejects_a_run_with_more_stages_than_ranks(monkeypatch):
+    import torch.distributed as dist
+
+    from perflab.labs.lab10.ranks import pp_rank
+
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    with pytest.raises(ValueError, match=r"stages must be in 1..2"):
+        pp_rank([{"schedule": "gpipe", "m": 4, "stages": 4}])
+
+
+def test_model_comm_share_matches_the_link_model_for_the_solutions_model():
+    from perflab.core.simulated import LINK_PRESETS
+    from perflab.labs.lab10.tables import model_comm_share, tp_comm_share
+
+    ns = _comm_fn()
+    links = list(LINK_PRESETS.values())
+    batch, seq, d, p, compute_s = 4, 32, 64, 2, 5e-4
+    mine = model_comm_share(lambda a, b: ns["tp_step_comm_s"](batch, seq, d, p, a, b), compute_s, links)
+    counted = tp_comm_share(compute_s, [4 * batch * seq * d] * 2, links, p)
+    assert mine.set_index("link").comm_share.tolist() == pytest.approx(counted.comm_share.tolist())
+    assert counted.beta_bytes_per_s.tolist() == [lk.beta_bytes_per_s for lk in links]
+    broken = model_comm_share(lambda a, b: 1 / 0, compute_s, links)
+    assert broken.comm_share.isna().all()
+    with pytest.raises(ValueError, match="compute_s must be > 0"):
+        model_comm_share(lambda a, b: 1.0, 0.0, links)
+
+
+def test_the_plots_draw_two_stage_counts_and_the_link_sweep_and_reject_bad_tables():
+    import pandas as pd
+
+    from perflab.viz.pipeline_plots import plot_bubble, plot_comm_share
+
+    table = pd.DataFrame({"schedule": ["gpipe", "gpipe", "gpipe"], "m": [2, 4, 4], "stages": [2, 2, 4],
+                          "bubble_measured": [0.4, 0.25, 0.45], "bubble_formula": [1 / 3, 1 / 5, 3 / 7]})
+    fig = plot_bubble(table)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "(p-1)/(m+p-1), p=2" in labels and "(p-1)/(m+p-1), p=4" in labels and "gpipe, measured, p=4" in labels
+    with pytest.raises(ValueError, match="table needs rows"):
+        plot_bubble(table.drop(columns="m"))
+    links = pd.DataFrame({"link": ["1gbe", "nvlink"], "beta_bytes_per_s": [1.25e8, 4.5e11],
+                          "comm_share": [0.6, 0.01]})
+    fig = plot_comm_share(links, links)
+    assert len(fig.axes[0].lines) == 2
+    with pytest.raises(ValueError, match="points needs rows"):
+        plot_comm_share(links, links.iloc[:0])
+    with pytest.raises(ValueError, match="model needs rows"):
+        plot_comm_share(links.drop(columns="comm_share"))

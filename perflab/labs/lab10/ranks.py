@@ -209,25 +209,32 @@ def _on_student_mesh(student: Any, cases: Sequence[dict], case_fn: Callable, *me
     return results
 
 
-def _pp_run(student: Any, run: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+def _pp_run(student: Any, run: dict[str, Any], rank: int, world: int,
+            group: Any = None) -> dict[str, Any]:
+    """One run on the pipeline's ``p = run["stages"]`` ranks (0 .. p-1): with ``p`` below
+    the world size the student's ``build_schedule`` gets the sub-group ``group`` of those
+    ranks (``PipelineStage(..., group=group)``), and the step's barriers are the group's."""
     import torch.distributed as dist
 
+    stages_n = int(run.get("stages", world))
     model = pipeline_model(int(run["width"]), int(run["blocks"]), int(run["seed"]),
                            float(run.get("forward_s_per_row", 0.0)),
                            float(run.get("backward_s_per_row", 0.0)))
-    stages = student.split_model(model, world)
+    stages = student.split_model(model, stages_n)
     stage_module = stages[rank]
     timer = student.BusyTimer(stage_module)
     x, y = pipeline_batch(int(run["width"]), int(run["batch"]), int(run["seed"]))
     clock = PerfCounterClock()
     losses, step_s, busy_s, peak = [], [], [], []
-    sched = student.build_schedule(stage_module, rank, world, int(run["m"]), run["schedule"])
+    extra = {} if group is None else {"group": group}
+    sched = student.build_schedule(stage_module, rank, stages_n, int(run["m"]), run["schedule"],
+                                   **extra)
     for _ in range(1 + int(run.get("repeats", 0))):   # the first step (shape inference): a warm-up
         timer.reset()
-        dist.barrier()
+        dist.barrier(group=group)
         t0 = clock.now()
-        loss = student.pipeline_step(sched, rank, world, x, y)
-        dist.barrier()   # the step ends when the LAST stage is done (the last stage returns early)
+        loss = student.pipeline_step(sched, rank, stages_n, x, y)
+        dist.barrier(group=group)   # the step ends when the LAST stage is done (it returns early)
         step_s.append(clock.now() - t0)
         busy_s.append(float(timer.busy_s))
         peak.append(int(timer.peak_in_flight))
@@ -240,32 +247,50 @@ def _pp_run(student: Any, run: dict[str, Any], rank: int, world: int) -> dict[st
 
 def pp_rank(runs: Sequence[dict[str, Any]], student_module: str = "pp_student"
             ) -> list[dict[str, Any]]:
-    """Rank body: the student's pipeline (``split_model`` into ``world_size`` stages,
+    """Rank body: the student's pipeline (``split_model`` into ``p`` stages,
     ``build_schedule``, ``pipeline_step``) on each run, timed by the student's
     ``BusyTimer`` (busy seconds of this stage) and by the step's wall clock, from a
     barrier before the step to a barrier after it: the whole pipeline's step, the same on
-    every rank (the last stage's ``step`` returns before the first stage's backward ends).
+    every stage (the last stage's ``step`` returns before the first stage's backward ends).
+
+    A run's ``p`` is its ``"stages"`` (default: the world size). With ``p`` below the
+    world size the run uses ranks 0 .. p-1 only, on a sub-group of them (made here with
+    ``dist.new_group`` on every rank, once per p) that the student's ``build_schedule``
+    receives as ``group=``; the other ranks wait at the barrier after the run and record
+    ``{"idle": True}``. So one launch of 4 ranks runs 2- and 4-stage pipelines.
 
     Args:
         runs: ``{"schedule": "gpipe" | "1f1b", "m", "width", "blocks", "batch", "seed",
-            "forward_s_per_row", "backward_s_per_row", "repeats"}`` each
-            (:func:`~perflab.labs.lab10.models.pipeline_model`'s sizes and simulated work).
+            "forward_s_per_row", "backward_s_per_row", "repeats"}`` each, optionally
+            ``"stages"`` (:func:`~perflab.labs.lab10.models.pipeline_model`'s sizes and
+            simulated work).
 
     Returns:
         Per run, this rank's ``{"losses" (per step: the loss on the last stage, None
         elsewhere), "step_s", "busy_s" (per timed step), "peak_in_flight",
-        "stage_layers", "stages"}``, or ``{"error": ...}``.
+        "stage_layers", "stages"}``, ``{"idle": True}`` on a rank outside the run's
+        stages, or ``{"error": ...}``.
+
+    Raises:
+        ValueError: a run's ``stages`` is < 1 or above the world size (before any run).
     """
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    sizes = [int(run.get("stages", world)) for run in runs]
+    if any(not 1 <= p <= world for p in sizes):
+        raise ValueError(f"every run's stages must be in 1..{world} (the ranks), got {sizes}")
+    groups = {p: dist.new_group(list(range(p))) for p in sorted(set(sizes)) if p < world}
     student = import_student(student_module)
     out = []
-    for run in runs:
-        try:
-            out.append(_pp_run(student, run, rank, world))
-        except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
-            out.append(_error(e))
+    for run, p in zip(runs, sizes):
+        if rank >= p:
+            out.append({"idle": True})
+        else:
+            try:
+                out.append(_pp_run(student, run, rank, world, groups.get(p)))
+            except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
+                out.append(_error(e))
         dist.barrier()
     return out
 
@@ -304,8 +329,9 @@ def hand_tp_on_ranks(cases: Sequence[dict[str, int]], student_module: str = "tp_
 def pipeline_on_ranks(runs: Sequence[dict[str, Any]], student_module: str = "pp_student",
                       world_size: int = 2, timeout_s: float = 300) -> list[list[dict[str, Any]]]:
     """Start ``world_size`` gloo ranks and run the student's pipeline on ``runs``
-    (:func:`pp_rank`): what a graded check's sandbox side calls on the hidden runs, and
-    what the lab's panel measures with. Returns ``[rank][run]`` records.
+    (:func:`pp_rank`; a run's ``"stages"`` may be fewer than ``world_size``): what a
+    graded check's sandbox side calls on the hidden runs, what the lab's launch of 2- and
+    4-stage runs and its panel measure with. Returns ``[rank][run]`` records.
 
     Raises:
         perflab.distributed.RankFailedError, LaunchTimeoutError: as ``launch_fn``.

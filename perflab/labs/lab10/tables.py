@@ -3,6 +3,8 @@
 * :func:`tp_comm_share`: the tensor-parallel block's all-reduces on simulated links
   (the alpha-beta model, :class:`perflab.core.simulated.LinkModel`) beside its measured
   compute: the share of a step the communication would take on each link.
+* :func:`model_comm_share`: the same share from a model of the step's communication
+  time (the student's ``tp_step_comm_s``) evaluated on each link.
 * :func:`bubble_table`: the pipeline runs' measured idle fraction per schedule and
   micro-batch count, beside GPipe's formula (p - 1) / (m + p - 1) (Huang et al. 2019,
   arXiv:1811.06965, §2.2) as the student wrote it.
@@ -17,7 +19,7 @@ import pandas as pd
 
 from perflab.core.simulated import LinkModel, SimulatedLink
 
-__all__ = ["tp_comm_share", "bubble_table"]
+__all__ = ["tp_comm_share", "model_comm_share", "bubble_table"]
 
 
 def tp_comm_share(compute_s: float, message_bytes: Sequence[int], links: Sequence[SimulatedLink],
@@ -44,34 +46,74 @@ def tp_comm_share(compute_s: float, message_bytes: Sequence[int], links: Sequenc
     for link in links:
         model = LinkModel(link, world_size=world_size)
         comm_s = sum(model.duration_s(n) for n in message_bytes)
-        rows.append({"link": link.name, "allreduces_per_step": len(message_bytes),
+        rows.append({"link": link.name, "beta_bytes_per_s": link.beta_bytes_per_s,
+                     "allreduces_per_step": len(message_bytes),
                      "bytes_per_step": sum(message_bytes), "compute_ms": 1e3 * compute_s,
                      "comm_ms": 1e3 * comm_s, "comm_share": comm_s / (compute_s + comm_s)})
     return pd.DataFrame(rows).set_index("link")
 
 
-def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
-                 formula: Callable[[int, int], float] | None = None) -> pd.DataFrame:
-    """One row per run: the measured bubble ``1 - busy_s / step_s`` (per rank, median
-    over its timed steps; the row holds the mean over ranks and each rank's), the
-    formula's value, the step time and the peak micro-batches in flight per rank.
+def model_comm_share(comm_s: Callable[[float, float], float], compute_s: float,
+                     links: Sequence[SimulatedLink]) -> pd.DataFrame:
+    """One row per link: ``comm_s(alpha_s, beta_bytes_per_s)`` (a model's seconds of
+    communication per step on that link, e.g. the student's ``tp_step_comm_s`` with the
+    shape bound) and its share ``comm / (compute_s + comm)`` of the step, no overlap.
 
     Args:
-        runs: the runs given to :func:`~perflab.labs.lab10.ranks.pp_rank`.
+        comm_s: the model; a raising call or a non-number leaves that link's row NaN.
+        compute_s: measured seconds of compute per step (> 0).
+        links: the simulated links.
+
+    Returns:
+        Columns ``link, alpha_s, beta_bytes_per_s, comm_ms, comm_share``.
+
+    Raises:
+        ValueError: ``compute_s`` not > 0.
+    """
+    if not compute_s > 0:
+        raise ValueError(f"compute_s must be > 0 seconds, got {compute_s!r}")
+    rows = []
+    for link in links:
+        try:
+            c = float(comm_s(link.alpha_s, link.beta_bytes_per_s))
+        except Exception:  # noqa: BLE001 - the student's model: shown as missing
+            c = math.nan
+        share = c / (compute_s + c) if c >= 0 else math.nan
+        rows.append({"link": link.name, "alpha_s": link.alpha_s,
+                     "beta_bytes_per_s": link.beta_bytes_per_s, "comm_ms": 1e3 * c,
+                     "comm_share": share})
+    return pd.DataFrame(rows)
+
+
+def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
+                 formula: Callable[[int, int], float] | None = None) -> pd.DataFrame:
+    """One row per run: the measured bubble ``1 - busy_s / step_s`` (per stage, median
+    over its timed steps; the row holds the mean over the stages and each stage's), the
+    formula's value at the run's ``(p, m)``, the step time and the peak micro-batches in
+    flight per stage.
+
+    Args:
+        runs: the runs given to :func:`~perflab.labs.lab10.ranks.pp_rank`; a run's p is
+            its ``"stages"`` (default: all ranks of ``per_rank``), on ranks 0 .. p-1.
         per_rank: ``pp_rank``'s result on each rank (``[rank][run]``).
         formula: ``formula(p, m)`` (the student's); None or a raising formula leaves
             the column NaN.
 
+    Returns:
+        Columns ``schedule, m, stages, bubble_measured, bubble_rank<k>, bubble_formula,
+        step_ms, in_flight_rank<k>`` (NaN for a stage k the run does not have).
+
     Raises:
         ValueError: a run's record holds an error (its text is in the message).
     """
-    p = len(per_rank)
     rows = []
     for i, run in enumerate(runs):
-        recs = [r[i] for r in per_rank]
+        p = int(run.get("stages", len(per_rank)))
+        recs = [r[i] for r in per_rank[:p]]
         bad = [f"rank {k}: {rec['error']}" for k, rec in enumerate(recs) if "error" in rec]
-        if bad:
-            raise ValueError(f"run {run['schedule']}, m={run['m']} failed: " + "; ".join(bad))
+        if bad or len(recs) < p:
+            raise ValueError(f"run {run['schedule']}, p={p}, m={run['m']} failed: "
+                             + ("; ".join(bad) or f"records of {len(recs)} ranks"))
         bubbles = [statistics.median(1 - b / s for b, s in zip(rec["busy_s"], rec["step_s"]))
                    for rec in recs]
         try:
@@ -84,4 +126,9 @@ def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dic
                      "bubble_formula": want,
                      "step_ms": 1e3 * max(statistics.median(rec["step_s"]) for rec in recs),
                      **{f"in_flight_rank{k}": rec["peak_in_flight"] for k, rec in enumerate(recs)}})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    flights = [c for c in table.columns if c.startswith("in_flight_rank")]
+    table[flights] = table[flights].astype("Int64")   # whole counts, <NA> where no such stage
+    bubbles = sorted(c for c in table.columns if c.startswith("bubble_rank"))
+    return table[["schedule", "m", "stages", "bubble_measured", *bubbles, "bubble_formula",
+                  "step_ms", *sorted(flights)]]

@@ -15,8 +15,10 @@ Each function named ``*_rank`` is what every rank runs under
   ``reshard_after_forward``) to :func:`perflab.models.mlp` models and measures, per rank,
   the DTensor bytes of the parameters, the dtype of the forward's output and the
   collectives of a steady-state step (counted, with their bytes).
-* :func:`tasks_rank`: runs a list of sharding and scaling tasks in one launch; the
-  scaling task is the library's :func:`perflab.analysis.scaling.scaling_rank`.
+* :func:`~perflab.labs.lab09.prefetch.prefetch_order_rank` (in :mod:`.prefetch`): the
+  student's FSDP2 explicit prefetching, the order of its collectives recorded.
+* :func:`tasks_rank`: runs a list of sharding, prefetching and scaling tasks in one
+  launch; the scaling task is the library's :func:`perflab.analysis.scaling.scaling_rank`.
 
 The model they train is :func:`perflab.models.mlp`.
 
@@ -36,6 +38,7 @@ from perflab.core.memory import read_peak, reset_peak
 from perflab.analysis.sharding import count_collectives, state_bytes
 from perflab.analysis.scaling import scaling_rank
 from perflab.models import mlp, mlp_batches
+from perflab.labs.lab09.prefetch import prefetch_order_rank
 
 __all__ = ["unsharded_adamw", "sharding_rank", "SHARDING_METHODS", "fsdp2_rank", "tasks_rank",
            "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
@@ -281,13 +284,15 @@ def fsdp2_rank(configs: Sequence[dict[str, Any]], student_module: str) -> list[d
 def tasks_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
     """Rank body running several experiments in one launch (process start-up costs
     seconds): ``tasks`` is a list of ``(name, args, kwargs)`` with name "sharding"
-    (:func:`sharding_rank`), "fsdp2_student" (:func:`fsdp2_rank`) or "scaling"
+    (:func:`sharding_rank`), "fsdp2_student" (:func:`fsdp2_rank`), "prefetch_order"
+    (:func:`~perflab.labs.lab09.prefetch.prefetch_order_rank`) or "scaling"
     (:func:`perflab.analysis.scaling.scaling_rank`); returns their results.
 
     Raises:
         ValueError: an unknown task name.
     """
-    bodies = {"sharding": sharding_rank, "fsdp2_student": fsdp2_rank, "scaling": scaling_rank}
+    bodies = {"sharding": sharding_rank, "fsdp2_student": fsdp2_rank,
+              "prefetch_order": prefetch_order_rank, "scaling": scaling_rank}
     out = []
     for name, args, kwargs in tasks:
         if name not in bodies:
