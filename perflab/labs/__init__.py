@@ -3,7 +3,9 @@
 :mod:`~perflab.labs.catalog` is the lab map (titles, objectives, what each lab can do on
 this machine, the measured lab times); :mod:`~perflab.labs.checking` the helpers a check
 cell uses (:func:`~perflab.labs.checking.calls_to`). ``lab06`` (DDP: rank bodies and
-check helpers), ``lab07`` (stragglers), ``lab08`` (the capstone report's check) and
-``lab09`` (sharding) each import the library and never another lab (an import-linter
+check helpers), ``lab07`` (stragglers), ``lab08`` (the capstone: its changes and
+workloads, trace and memory-timeline readers, the report's check), ``lab09`` (sharding,
+FSDP2 prefetch order) and ``lab10`` (tensor and pipeline parallelism) each import the
+library and never another lab (an import-linter
 independence contract): what two labs need moves down into the library.
 """

@@ -63,8 +63,8 @@ LABS: tuple[Lab, ...] = (
         "06_ddp_overlap.ipynb"),
     Lab("07", "Stragglers", "Name the slow rank while training, then rebalance it",
         "07_stragglers.ipynb"),
-    Lab("08", "Capstone", "Your ladder, your FLOP count and MFU, a report of measured numbers",
-        "08_capstone.ipynb"),
+    Lab("08", "Capstone", "Make a naive ResNet-18 and GPT script fast yourself: an ablation "
+        "with tests, analytic FLOPs, MFU/HFU, the roofline, the memory peak", "08_capstone.ipynb"),
     Lab("09", "Sharding and scaling", "What ZeRO-1, your ZeRO-2 and your FSDP2 configuration "
         "save per rank, what they move, and how throughput scales with ranks",
         "09_sharding_and_scaling.ipynb"),

@@ -53,10 +53,6 @@ ALLOWED: dict[str, list[tuple[str, str]]] = {
     "05": [],
     "06": [],
     "07": [],
-    "08": [
-        (r"multiply-add\s+counted as 2 FLOPs", "FlopCounterMode's convention (torch.utils."
-                                              "flop_counter: 2 FLOPs per multiply-add), a definition"),
-    ],
     "10": [],
     "09": [
         (r"p = g = 4 bytes", "the bytes per fp32 element (torch.finfo(torch.float32).bits / 8)"),
