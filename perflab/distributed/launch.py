@@ -207,8 +207,9 @@ def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,
     errors: dict[int, str] = {}
     for r in range(world_size):
         p = Path(err_dir) / f"rank{r}.err"
-        if p.is_file():
-            errors[r] = p.read_text()
+        text = p.read_text() if p.is_file() else ""
+        if text.strip():  # an empty file: a rank stopped (SIGTERM) while writing it
+            errors[r] = text
     if any(text.startswith("TimeoutError") for text in errors.values()):
         # every rank that had not finished was still running (the hung one and the
         # ranks waiting for it); the watchdogs' stack dumps show where each was

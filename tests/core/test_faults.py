@@ -46,11 +46,19 @@ def _files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*")) if folder.exists() else []
 
 
+def _sigint_default() -> None:
+    # A job started in the background by a non-interactive shell (`make test &`) has
+    # SIGINT ignored, and so would the child: Python then installs no KeyboardInterrupt
+    # handler and Ctrl-C tests see nothing. The child gets the default, as in a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _python(code: str, *args: str, env: dict | None = None, wrap: list[str] = (),
             **kw) -> subprocess.Popen:
     return subprocess.Popen([*wrap, sys.executable, "-c", textwrap.dedent(code), *args],
                             cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_sigint_default, **kw)
 
 
 def _bwrap_works() -> bool:

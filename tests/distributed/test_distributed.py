@@ -272,3 +272,19 @@ def test_the_same_worker_runs_under_torchrun(tiny_dataset):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 ranks, backend gloo" in out.stdout
     assert "compute_ms" in out.stdout
+
+
+def test_an_empty_error_report_is_no_report(tmp_path):
+    """A rank stopped by the agent (SIGTERM) while writing its error file leaves it
+    empty: the failure names the rank that died, not an IndexError (seen under load)."""
+    from torch.distributed.elastic.multiprocessing.errors import (ChildFailedError,
+                                                                  ProcessFailure)
+
+    from perflab.distributed.launch import _failure
+
+    (tmp_path / "rank1.err").write_text("")
+    failures = {0: ProcessFailure(0, 100, 3, str(tmp_path / "none0.json")),
+                1: ProcessFailure(1, 101, -15, str(tmp_path / "none1.json"))}
+    err = _failure(ChildFailedError("rank_entry", failures), str(tmp_path), 2, 60.0)
+    assert isinstance(err, RankFailedError) and err.rank == 0
+    assert "rank 0 died (exit code 3)" in str(err), str(err)
