@@ -27,8 +27,8 @@ import re
 import nbformat
 
 from perflab.course.cases import draw_cases
-from perflab.course.checks import (CheckCell, graded_functions, graded_probe, probe_source,
-                                   split_check)
+from perflab.course.checks import (CheckCell, graded_functions, graded_probe, parse_python,
+                                   probe_source, split_check)
 
 __all__ = ["SKIP_TAG", "Flag", "Assembled", "solution_ids", "answers_of", "scan_answer",
            "assemble", "allowances"]
@@ -202,7 +202,7 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
     """
     code = _python_of(source)
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError:
         return []
     lines = code.splitlines()

@@ -49,13 +49,14 @@ import ast
 import builtins
 import dataclasses
 import json
+import threading
 import traceback
 
 from perflab.course.cases import FACTS_MARKER, GRADED_MARKER
 
 __all__ = ["JUDGE_MARKER", "FACTS_MARKER", "CheckCell", "GradedPart", "JudgeResult",
            "split_check", "judge_names", "probe_source", "graded_probe", "graded_functions",
-           "parse_facts", "run_judge"]
+           "parse_facts", "run_judge", "parse_python"]
 
 #: The line that starts the judge part of a check cell.
 JUDGE_MARKER = "### JUDGE"
@@ -63,6 +64,34 @@ JUDGE_MARKER = "### JUDGE"
 _BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 _END_HIDDEN = "### END HIDDEN TESTS"
 _MAX_FACTS_CHARS = 1_000_000
+
+
+_AST_LOCK = threading.Lock()
+_AST_RACE = "AST constructor recursion depth mismatch"
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse(source)``, safe to call from the grader's threads.
+
+    CPython 3.11 keeps the AST constructor's recursion counter per interpreter, not per
+    thread (python/cpython#106905): when two threads build ASTs at once (``perflab course
+    grade --jobs 2`` grades two notebooks in two threads), one can fail with
+    ``SystemError: AST constructor recursion depth mismatch`` on valid code; this
+    happened in a CI run. perflab's own parses take one lock, and the rare clash with
+    a parse elsewhere (torch's, in a judge) is retried.
+
+    Raises:
+        SyntaxError: ``source`` is not valid Python.
+        SystemError: the clash repeated three times (any other SystemError at once).
+    """
+    for attempt in range(3):
+        try:
+            with _AST_LOCK:
+                return ast.parse(source)
+        except SystemError as e:
+            if _AST_RACE not in str(e) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +191,7 @@ def _split_graded(lines: list[str], graded_at: list[int]) -> CheckCell:
         raise ValueError(f"{where} cannot also have '{JUDGE_MARKER}'")
     block = "\n".join(lines[g + 1:end])
     try:
-        tree = ast.parse(block)
+        tree = parse_python(block)
     except SyntaxError as e:
         raise ValueError(f"{where}: the graded part is not valid Python: {e}") from e
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
@@ -226,7 +255,7 @@ def judge_names(judge: str) -> tuple[str, ...]:
     Raises:
         SyntaxError: the judge is not valid Python.
     """
-    tree = ast.parse(judge)
+    tree = parse_python(judge)
     bound: set[str] = set()
     loaded: list[str] = []
     for node in ast.walk(tree):
