@@ -12,7 +12,10 @@ No student notebook imports this subpackage (the solutions' graded parts import
 * :mod:`perflab.course.answers`: a submission's answers, the scan for the review column,
   the assembled notebook. :mod:`perflab.course.written`: written answers.
 * :mod:`perflab.course.submission`: grade one notebook (the sandboxed run, the scores).
-* :mod:`perflab.course.sandbox`: one bubblewrap sandbox per submission;
+* :mod:`perflab.course.sandbox`: one bubblewrap sandbox per submission (an allow-list
+  of folders: never the course repository);
+  :mod:`perflab.course.selftest`: the probe that proves, before a batch, that nothing
+  in the sandbox holds an answer;
   :mod:`perflab.course.slots`: its slot uids and the processes it leaves.
 * :mod:`perflab.course.nbval_channel`: pytest plugin inside the sandbox (the verdict
   channel).

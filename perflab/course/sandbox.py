@@ -3,9 +3,16 @@
 Used by :mod:`perflab.course.grading` to run a student's notebook. The sandbox is
 bubblewrap (Debian's ``bubblewrap``, the tool Flatpak uses), not our own code: it gives
 
-* a read-only view of the whole file system (``--ro-bind / /``: the venv and perflab
-  import, nothing can be changed), with the folders in ``hide`` (the reference
-  notebooks, the other submissions, the grader's own files) covered by empty tmpfs;
+* an allow-list file system: an empty root with, read-only, only what a notebook needs
+  (:func:`allowed_paths`): the operating system (``/usr``, ``/etc``, the ``/bin``,
+  ``/lib``... links), the interpreter (``sys.base_prefix``), the environment
+  (``sys.prefix``), the ``perflab`` package folder *alone* (never the repository it
+  sits in, its ``.git``, ``solutions/`` or ``tests/``: with an editable install the
+  package is bound at its own path, so the editable finder still finds it) and the
+  dataset. The folders in ``hide`` (the grader's own files, grader-only tools such as
+  nbgrader, whose test notebooks hold solution markers) are covered by empty tmpfs.
+  :mod:`perflab.course.selftest` proves it before a batch: a probe inside walks every
+  readable path for reference solutions, hidden tests and git object stores;
 * a fresh ``/tmp``, ``/dev/shm`` and the submission's own scratch folder (the only
   writable places), each a tmpfs of at most ``SandboxLimits.tmpfs_gib`` (bubblewrap >=
   0.7's ``--size``; the grader's files in scratch are bound in read-only);
@@ -50,7 +57,8 @@ from perflab.course.slots import kill_uid as _kill_uid
 from perflab.course.slots import processes_of as _processes_of
 
 __all__ = ["SandboxUnavailable", "SandboxLimits", "SandboxRun", "sandbox_status",
-           "run_sandboxed", "SANDBOX_WORK", "SLOT_UID_BASE"]
+           "run_sandboxed", "allowed_paths", "grader_only_paths", "SANDBOX_WORK",
+           "SLOT_UID_BASE"]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -92,31 +100,71 @@ class SandboxRun:
     warning: str = ""
 
 
+#: The operating system's folders a process needs (read-only): programs, libraries,
+#: configuration (``/etc``: the dynamic loader's cache, ``passwd`` for
+#: ``getpass.getuser``, time zones) and ``/sys`` (CPU topology for torch and psutil).
+#: Entries that are symbolic links on the host (``/bin -> usr/bin`` on a merged-/usr
+#: system) are recreated as links.
+SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                "/sys")
+
+
 def _needed() -> list[Path]:
-    """Folders the notebook must read: the interpreter, the venv, perflab, the data."""
+    """Folders the notebook must read: the interpreter, the venv, perflab, the data.
+
+    perflab is its package folder alone (``perflab/``), never its parent: with an
+    editable install the parent is the course repository (solutions, tests, ``.git``).
+    """
     import perflab
     from perflab.core.paths import default_data_root
 
-    out = [Path(sys.base_prefix), Path(sys.prefix), Path(perflab.__file__).parents[1],
+    out = [Path(sys.base_prefix), Path(sys.prefix), Path(perflab.__file__).parent,
            default_data_root()]
     return [p.resolve() for p in out if p.exists()]
 
 
+def allowed_paths() -> list[Path]:
+    """Every host path bound (read-only) into the sandbox, outermost first: the system
+    folders of :data:`SYSTEM_PATHS` that exist, then :func:`_needed` (a needed folder
+    already inside another bound one is not bound twice). Nothing else of the host is
+    visible inside; ``/tmp``, ``/dev/shm`` and the scratch folder are fresh tmpfs."""
+    out: list[Path] = [Path(p) for p in SYSTEM_PATHS if os.path.lexists(p)]
+    for p in _needed():
+        if not any(p == q or q in p.parents for q in out if not q.is_symlink()):
+            out.append(p)
+    return out
+
+
+def grader_only_paths() -> list[Path]:
+    """Installed packages only the grader uses, hidden inside the sandbox (covered by an
+    empty tmpfs) even though the environment they live in is bound: nbgrader (its test
+    notebooks carry ``### BEGIN SOLUTION`` regions; the graded kernel never imports it)."""
+    import importlib.util
+
+    out = []
+    for name in ("nbgrader",):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.origin and spec.submodule_search_locations:
+            out.append(Path(spec.origin).resolve().parent)
+    return out
+
+
 def _unreadable_by_others() -> list[Path]:
-    """Needed folders (or their entries) that an unprivileged uid cannot read."""
+    """Needed folders (or their sub-folders) that an unprivileged uid cannot read. Their
+    parents do not matter: inside the sandbox bubblewrap makes them (mode 0755)."""
     import stat
 
     bad = []
-    private = [Path("/root"), Path("/home")]  # replaced by tmpfs in the sandbox
     for p in _needed():
-        for q in [p, *p.parents, *(c for c in p.iterdir() if c.is_dir())]:
-            if q in private or any(d in q.parents for d in private) and q in p.parents:
-                continue
+        for q in [p, *(c for c in p.iterdir() if c.is_dir())]:
             try:
                 mode = q.stat().st_mode
             except OSError:
                 continue
-            if not (mode & stat.S_IXOTH and (q in p.parents or mode & stat.S_IROTH)):
+            if not (mode & stat.S_IXOTH and mode & stat.S_IROTH):
                 if not any(q in b.parents or q == b for b in bad):
                     bad.append(q)
     return bad
@@ -154,11 +202,13 @@ def _bwrap_has_size() -> bool:
 def _bwrap_argv(uid: int | None = None, tmpfs_gib: float | None = None) -> list[str]:
     """bubblewrap's options for the file system and namespaces (before hides/binds).
 
-    As root with ``uid``, bwrap runs privileged (no user namespace needed) and the
-    command drops to ``uid`` with setpriv (:func:`_drop_to`). As root without ``uid``,
-    bwrap makes a user namespace and drops every capability. As an ordinary user, bwrap
-    makes a user namespace (``--unshare-all``). As root, /root and /home are covered by
-    tmpfs (the interpreter, venv, perflab and data bound back read-only when there).
+    The root is empty (bwrap's own tmpfs); :func:`allowed_paths` are bound read-only at
+    their host paths (their parent folders made, mode 0755, so an unprivileged uid can
+    reach them), ``/dev``, ``/proc``, ``/tmp`` and ``/dev/shm`` are fresh. As root with
+    ``uid``, bwrap runs privileged (no user namespace needed) and the command drops to
+    ``uid`` with setpriv (:func:`_drop_to`). As root without ``uid``, bwrap makes a user
+    namespace and drops every capability. As an ordinary user, bwrap makes a user
+    namespace (``--unshare-all``).
     """
     root = os.geteuid() == 0
     size = _size(tmpfs_gib)
@@ -170,26 +220,30 @@ def _bwrap_argv(uid: int | None = None, tmpfs_gib: float | None = None) -> list[
               str(SLOT_UID_BASE), "--cap-drop", "ALL"]
     else:
         ns = ["--unshare-all"]
-    argv = [shutil.which("bwrap") or "bwrap", *ns, "--die-with-parent", "--new-session",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            *size, "--perms", "1777", "--tmpfs", "/tmp",
-            # multiprocessing's semaphores (and with them launch_fn's ranks) need a
-            # writable /dev/shm; bwrap's --dev makes it root-owned 0755
-            *size, "--perms", "1777", "--tmpfs", "/dev/shm"]
-    # /tmp is always a fresh tmpfs; as root /root and /home are too. What the notebook
-    # needs under them (a checkout or venv in /tmp, as in a CI clone) is bound back.
-    private = [Path("/tmp").resolve()]
-    if root:
-        homes = [Path(d) for d in ("/root", "/home") if Path(d).is_dir()]
-        argv += [a for d in homes for a in ("--tmpfs", str(d))]
-        private += homes
-    if private:
-        for keep in _needed():
-            top = next((d for d in private if d in keep.parents), None)
-            if top is None:
-                continue
-            for parent in reversed(keep.parents):  # traversable, like on the host
-                if top in parent.parents:
+    argv = [shutil.which("bwrap") or "bwrap", *ns, "--die-with-parent", "--new-session"]
+    made: set[Path] = {Path("/")}
+    for keep in allowed_paths():
+        if keep.is_symlink():  # /bin -> usr/bin: the same link inside
+            argv += ["--symlink", os.readlink(keep), str(keep)]
+            continue
+        for parent in reversed(keep.parents):
+            if parent not in made:
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        flag = "--ro-bind-try" if str(keep) == "/sys" else "--ro-bind"
+        argv += [flag, str(keep), str(keep)]
+        made.add(keep)
+    argv += ["--dev", "/dev", "--proc", "/proc",
+             *size, "--perms", "1777", "--tmpfs", "/tmp",
+             # multiprocessing's semaphores (and with them launch_fn's ranks) need a
+             # writable /dev/shm; bwrap's --dev makes it root-owned 0755
+             *size, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    # what the notebook needs under /tmp (a venv in /tmp, as in a CI clone) is bound
+    # back over the fresh /tmp
+    for keep in _needed():
+        if Path("/tmp").resolve() in keep.parents:
+            for parent in reversed(keep.parents):
+                if Path("/tmp").resolve() in parent.parents:
                     argv += ["--perms", "0755", "--dir", str(parent)]
             argv += ["--ro-bind", str(keep), str(keep)]
     return argv
@@ -258,7 +312,9 @@ def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
         env: the whole environment of the command (nothing is inherited).
         limits: wall-clock, memory, CPU, process and file-size limits.
         log_path: host file that receives stdout and stderr (a file, not a pipe).
-        hide: host folders (or files) made invisible inside (empty tmpfs / /dev/null).
+        hide: host folders (or files) made invisible inside (empty tmpfs / /dev/null)
+            when they lie inside a bound folder (anything else is not visible anyway);
+            :func:`grader_only_paths` are always hidden.
         pass_fds: open file descriptors the command inherits (the verdict channel).
         slot: parallel slot number: the first unprivileged uid tried when running as
             root (a uid another grader on this machine holds is skipped, see
@@ -304,8 +360,11 @@ def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: Sand
     if sandboxed:
         inner_cmd = [c.replace(str(scratch), SANDBOX_WORK) for c in cmd]
         argv = _bwrap_argv(uid, limits.tmpfs_gib)
-        for h in hide:
+        bound = [b.resolve() for b in allowed_paths() if not b.is_symlink()]
+        for h in [*hide, *grader_only_paths()]:
             h = Path(h).resolve()
+            if not any(b == h or b in h.parents for b in bound):
+                continue  # outside every bound folder: not visible anyway
             if h.is_dir():
                 argv += ["--tmpfs", str(h)]
             elif h.exists():
