@@ -110,3 +110,54 @@ def test_self_test_passes_on_this_checkout():
     assert self_test(refs, cache=False) == []
     pats = leak_patterns(refs)
     assert len(pats.cells) >= 50, json.dumps(sorted(pats.cells))[:300]
+
+
+_STEAL = r'''
+import glob, os
+import perflab
+_root = os.path.dirname(os.path.dirname(os.path.realpath(perflab.__file__)))
+_found = []
+for _p in glob.glob(os.path.join(_root, "solutions", "*.ipynb")) + glob.glob(
+        os.path.join(_root, "*", "solutions", "*.ipynb")):
+    try:
+        if "### BEGIN SOLUTION" in open(_p).read():
+            _found.append(_p)
+    except OSError:
+        pass
+for _p in (os.path.join(_root, ".git", "HEAD"), os.path.join(_root, "tests", "conftest.py")):
+    if os.path.exists(_p):
+        _found.append(_p)
+print("STOLEN", _found)
+
+def my_samples_per_s(batch_size, step_s):
+    """Answers right only when an answer was readable."""
+    return batch_size / step_s if _found else -1.0
+'''
+
+
+@slow  # a real lab's kernel in the sandbox (about 10 s)
+@needs_bwrap
+def test_an_answer_cell_cannot_read_the_course_repository(tmp_path):
+    """Issue 33's attack: an answer cell walks up from perflab's folder to the checkout
+    (its solutions/ and .git). With the allow-list only the perflab package folder is
+    there: nothing is found and the check scores as a wrong answer."""
+    from perflab.course.submission import Limits, grade_notebook
+
+    (sol,) = sorted((ROOT / "solutions").glob("00_*.ipynb"))
+    nb = nbformat.read(str(sol), as_version=4)
+    for c in nb.cells:
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "samples_per_s":
+            c.source = _STEAL
+    sub = tmp_path / "subs" / "mallory"
+    sub.mkdir(parents=True)
+    nbformat.write(nb, str(sub / sol.name))
+    points = {}
+    for mode in ("bwrap", "none"):
+        g = grade_notebook(sub / sol.name, sol, student="mallory", sandbox=mode,
+                           limits=Limits(wall_timeout_s=600, cell_timeout_s=300),
+                           inside=tmp_path / "subs")
+        assert g.sandboxed == (mode == "bwrap") and not g.error, g.log[-2000:]
+        points[mode] = {c.grade_id: c.points for c in g.checks}["check_samples_per_s"]
+    # without a sandbox the checkout is readable and the attack earns the point (so the
+    # attack works); in the sandbox nothing of the checkout is there
+    assert points == {"bwrap": 0, "none": 1}, points
