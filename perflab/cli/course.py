@@ -1,6 +1,7 @@
 """``perflab course``: course tooling. ``build`` writes labs/ (student notebooks) from
 solutions/, ``record`` stores the solution notebooks' check outputs, ``grade`` grades
-submissions (:mod:`perflab.course.command`, see docs/INSTRUCTORS.md)."""
+submissions (or one shard of them), ``merge`` joins the shards' score tables
+(:mod:`perflab.course.command`, see docs/INSTRUCTORS.md)."""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +11,14 @@ __all__ = ["add_parser", "cmd_course", "cmd_course_record"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``perflab course`` with its ``build``, ``record`` and ``grade``
-    subcommands."""
+    """Register ``perflab course`` with its ``build``, ``record``, ``grade`` and
+    ``merge`` subcommands."""
     p = subparsers.add_parser("course", help="course tooling")
     csub = p.add_subparsers(dest="course_command", required=True)
     _add_build(csub)
     _add_record(csub)
     _add_grade(csub)
+    _add_merge(csub)
 
 
 def _add_build(csub: argparse._SubParsersAction) -> None:
@@ -48,6 +50,20 @@ def _add_grade(csub: argparse._SubParsersAction) -> None:
                     "(docs/INSTRUCTORS.md).")
     add_grade_arguments(g)
     g.set_defaults(fn=grade_command)
+
+
+def _add_merge(csub: argparse._SubParsersAction) -> None:
+    from perflab.course.command import add_merge_arguments, merge_command
+
+    m = csub.add_parser(
+        "merge", help="join the score tables of `grade --shard K/N` runs into one",
+        description="Join the score tables that `perflab course grade --shard K/N --seed S` "
+                    "wrote on several machines into the table one machine would have "
+                    "written, refusing overlapping, missing or unfinished slices and "
+                    "shards graded with another seed or other columns "
+                    "(docs/INSTRUCTORS.md).")
+    add_merge_arguments(m)
+    m.set_defaults(fn=merge_command)
 
 
 def cmd_course(args: argparse.Namespace) -> int:

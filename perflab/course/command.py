@@ -1,15 +1,19 @@
-"""``perflab course grade``: its arguments and what it does (see docs/INSTRUCTORS.md).
+"""``perflab course grade`` and ``perflab course merge``: their arguments and what they
+do (see docs/INSTRUCTORS.md).
 
 Kept apart from :mod:`perflab.course.grading` so that building the ``perflab`` parser
 imports nothing heavy (nbformat, nbval): ``perflab.cli`` calls
-:func:`add_grade_arguments` on its ``grade`` subparser and sets ``fn=grade_command``.
+:func:`add_grade_arguments` on its ``grade`` subparser and sets ``fn=grade_command``, and
+:func:`add_merge_arguments` / :func:`merge_command` for ``merge``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-__all__ = ["add_grade_arguments", "grade_command"]
+__all__ = ["add_grade_arguments", "grade_command", "add_merge_arguments",
+           "merge_command"]
 
 
 def _lab_numbers(text: str) -> list[str]:
@@ -21,6 +25,20 @@ def _lab_numbers(text: str) -> list[str]:
 
 def _memory_gib(text: str) -> float | None:
     return None if text.lower() == "none" else float(text)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(t) for t in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"K/N expected (this machine's slice K of N, counted from 0, e.g. 0/4), got "
+            f"{text!r}") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(
+            f"K/N with 0 <= K < N expected (slices are numbered from 0: 0/{max(n, 1)} to "
+            f"{max(n, 1) - 1}/{max(n, 1)}), got {text!r}")
+    return k, n
 
 
 def add_grade_arguments(parser) -> None:
@@ -56,7 +74,37 @@ def add_grade_arguments(parser) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the hidden cases (default: a fresh one, printed and saved "
                         "in the instructor folder; pass it to draw the same cases again)")
+    p.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                   help="grade only slice K (0 to N-1) of N slices of the students (sorted "
+                        "by id, every N-th); needs --seed; join the slices with `perflab "
+                        "course merge`")
     p.add_argument("--sanitize-with", default=None, type=Path, help=argparse.SUPPRESS)
+
+
+def add_merge_arguments(parser) -> None:
+    """Add ``perflab course merge``'s arguments to an argparse parser."""
+    parser.add_argument("outputs", nargs="+", type=Path, metavar="OUT",
+                        help="each shard's score table (or its folder, or its "
+                             "*.manifest.json)")
+    parser.add_argument("--out", default="scores.csv", type=Path,
+                        help="the merged score table (default: scores.csv); its manifest "
+                             "is written beside it")
+
+
+def merge_command(args) -> int:
+    """Run ``perflab course merge`` from parsed arguments; returns 0.
+
+    Raises:
+        ValueError, FileNotFoundError: see :func:`perflab.course.report.merge_scores`
+            (overlapping, missing or unfinished slices, a seed or column mismatch).
+    """
+    from perflab.course.report import manifest_path, merge_scores
+
+    out = merge_scores(args.outputs, args.out)
+    n = len(json.loads(manifest_path(out).read_text(encoding="utf-8"))["students"])
+    print(f"wrote {out} ({n} students from {len(args.outputs)} shard outputs) and "
+          f"{manifest_path(out)}")
+    return 0
 
 
 def grade_command(args) -> int:
@@ -64,26 +112,45 @@ def grade_command(args) -> int:
 
     Raises:
         ValueError: a limit is NaN, infinite or <= 0, ``--jobs`` < 1, ``--sandbox bwrap``
-            where bubblewrap does not work, or ``--resume`` with a score table written
-            for other labs (all before any grading starts).
-        FileNotFoundError: see :func:`grade_submissions`.
+            where bubblewrap does not work, ``--shard`` without ``--seed``, or
+            ``--resume`` with a score table written for other labs, another seed or
+            another shard (its manifest says which; all before any grading starts).
+        FileNotFoundError: see :func:`perflab.course.grading.grade_submissions`.
     """
     import nbformat
 
     from perflab.course.grading import (Limits, autograded, grade_submissions, lab_key,
-                                        reference_notebooks)
-    from perflab.course.report import ScoreTable, write_answers, write_feedback
+                                        reference_notebooks, shard_slice, student_folders)
+    from perflab.course.report import (ScoreTable, manifest_path, read_manifest,
+                                       write_answers, write_feedback, write_manifest)
 
     limits = Limits(cell_timeout_s=args.cell_timeout, wall_timeout_s=args.wall_timeout,
                     memory_gib=args.memory_gib, nproc=args.nproc,
                     disk_gib=getattr(args, "disk_gib", 1.0))
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    shard = getattr(args, "shard", None)
+    seed = getattr(args, "seed", None)
+    out = Path(args.out)
+    if args.resume and manifest_path(out).exists():  # continue as that run began
+        before = read_manifest(manifest_path(out))
+        if seed is not None and seed != before["seed"]:
+            raise ValueError(f"--resume: {out} was graded with --seed {before['seed']} (field "
+                             f"'seed' of {manifest_path(out)}); pass that seed, or drop "
+                             "--resume to grade everyone again")
+        if list(shard or (0, 1)) != before["shard"]:
+            k, n = before["shard"]
+            raise ValueError(f"--resume: {out} holds slice {k}/{n} (field 'shard' of "
+                             f"{manifest_path(out)}); pass --shard {k}/{n}, or another --out")
+        seed = before["seed"]
+    if shard is not None and seed is None:
+        raise ValueError(f"--shard {shard[0]}/{shard[1]} needs --seed: every shard must draw "
+                         "the same hidden cases; pick one number (e.g. --seed 20261127) and "
+                         "pass it to every shard")
     from perflab.course.sandbox import sandbox_status
 
     if args.sandbox == "bwrap" and not sandbox_status()[0]:
         raise ValueError(f"--sandbox bwrap: {sandbox_status()[1]}")
-    out = Path(args.out)
     feedback = Path(args.feedback or out.parent / "feedback")
     instructor = Path(args.instructor_dir or out.parent / "instructor")
     refs = reference_notebooks(Path(args.reference))
@@ -97,6 +164,8 @@ def grade_command(args) -> int:
                          f"labs there: {sorted(refs)}")
     columns = {lab: list(autograded(nbformat.read(str(refs[lab]), as_version=4))) for lab in labs}
     table = ScoreTable(out, columns, resume=args.resume)
+    class_ids = [f.id for f in student_folders(subs)]
+    mine = shard_slice(class_ids, shard or (0, 1))
     feedback.mkdir(parents=True, exist_ok=True)  # exist before the sandboxes start, to
     instructor.mkdir(parents=True, exist_ok=True)  # be hidden from every one of them
 
@@ -106,14 +175,22 @@ def grade_command(args) -> int:
 
     import secrets
 
-    seed = args.seed if getattr(args, "seed", None) is not None else secrets.randbits(48)
+    seed = seed if seed is not None else secrets.randbits(48)
     (instructor / "seed.txt").write_text(f"{seed}\n")
+
+    def manifest(complete: bool) -> None:
+        write_manifest(out, seed=seed, shard=shard or (0, 1), header=table.header,
+                       class_ids=class_ids, students=mine, complete=complete)
+
+    manifest(complete=False)  # a merge refuses a shard that has not finished
     print(limits.describe())
     grades = grade_submissions(subs, args.reference, limits=limits, labs=labs, seed=seed,
                                progress=print, jobs=args.jobs, sandbox=args.sandbox,
-                               skip=table.students(), on_student=student_done,
+                               skip=table.students(), on_student=student_done, shard=shard,
                                hide=(out.resolve().parent, out.resolve(),
                                      feedback.resolve(), instructor.resolve()))
+    table.flush()  # the table exists even when every student was skipped
+    manifest(complete=True)
     write_answers(grades, instructor / "answers")
     errored = sum(1 for g in grades if g.error)
     review = sum(1 for g in grades if g.flags)

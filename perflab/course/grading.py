@@ -11,30 +11,229 @@ A submission runs arbitrary Python: each notebook is graded on its own in a sand
 the sandbox, verdicts judged outside), giving a
 :class:`~perflab.course.submission.LabGrade`.
 
-:func:`grade_submissions` grades a whole folder (``jobs`` sandboxes in parallel), calling
-back as each student finishes so ``scores.csv`` grows row by row
-(:mod:`perflab.course.report`). :mod:`perflab.course.command` is the
-``perflab course grade`` command.
+A student is graded under the *id* of their folder (:func:`student_folders`): the folder
+name, checked by :func:`check_student_name` (UTF-8, NFC, printable, at most
+:data:`MAX_NAME_CHARS` characters, no path separator). A name that fails is graded as
+``invalid-name-<hash>`` with an error row saying what to rename, and the batch goes on;
+names that look alike (:func:`name_skeleton`) are graded and both flagged for review.
+
+:func:`grade_submissions` grades a whole folder (``jobs`` sandboxes in parallel), or one
+slice of it (``shard``, :func:`shard_slice`), calling back as each student finishes so
+``scores.csv`` grows row by row (:mod:`perflab.course.report`). Anything that fails while
+one student is graded or recorded becomes that student's error row; the rows do not
+depend on ``jobs``. :mod:`perflab.course.command` is the ``perflab course grade`` command.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import secrets
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import unicodedata
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 import nbformat
 
-from perflab.course.answers import assemble, autograded
+from perflab.course.answers import Flag, assemble, autograded
 from perflab.course.sandbox import SandboxUnavailable, sandbox_status
 # Limits, LabGrade, lab_key and autograded stay importable from here (the grade command
 # and the report import them with grade_submissions).
 from perflab.course.submission import (LabGrade, Limits, error_grade, grade_notebook,
                                        hideable, lab_key)
 
-__all__ = ["grade_submissions", "reference_notebooks"]
+__all__ = ["grade_submissions", "reference_notebooks", "StudentFolder", "student_folders",
+           "check_student_name", "name_skeleton", "shard_slice",
+           "flag_text", "MAX_NAME_CHARS", "INVALID_PREFIX", "NAME_FLAG"]
+
+#: Longest student id, in characters (a longer folder name is refused: rename it).
+MAX_NAME_CHARS = 64
+#: The id of a folder whose name is refused: this, then 10 hex digits of the sha256 of
+#: the name's bytes. Folder names that start with it are refused too (reserved).
+INVALID_PREFIX = "invalid-name-"
+#: The ``grade_id`` of a review flag about the folder name (a look-alike of another
+#: folder's name): the score table shows it once per student, not once per lab.
+NAME_FLAG = "folder name"
+
+_SEPARATORS = sorted({"/", "\\", os.sep} | ({os.altsep} if os.altsep else set()))
+_FIX = "rename the folder (e.g. to the student's login) and grade again"
+
+# Look-alike letters of other scripts mapped to the Latin letter they are mistaken for
+# (both cases; NFKC already folds full-width, mathematical and ligature forms). Unicode's
+# own skeleton (UTS #39) needs the 6,000-line confusables.txt, which no standard-library
+# module ships, and a package for it would be a new dependency of the grader for one
+# review hint: this small map covers the Cyrillic and Greek letters that pass for Latin
+# ones in a folder name. A miss costs a review hint, never a grade.
+_HOMOGLYPHS = str.maketrans({
+    # Cyrillic
+    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P",
+    "С": "C", "Т": "T", "Х": "X", "У": "Y", "Ѕ": "S", "І": "I", "Ј": "J", "Ԛ": "Q",
+    "Ԝ": "W", "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x",
+    "ѕ": "s", "і": "i", "ј": "j", "ԁ": "d", "һ": "h", "ӏ": "l", "ԛ": "q", "ԝ": "w",
+    "ё": "e",
+    # Greek
+    "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M",
+    "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X", "ο": "o", "α": "a",
+    "ν": "v", "ρ": "p", "ι": "i", "κ": "k", "υ": "u",
+    # Latin look-alikes NFKC keeps
+    "ı": "i", "ȷ": "j",
+})
+
+
+def _escaped(text: str) -> str:
+    """``text`` quoted, every character that is not printable ASCII escaped (``\\xe9``,
+    ``\\u0430``, ``\\t``): look-alike letters and invisible ones show."""
+    return "'" + "".join(c if c.isascii() and c.isprintable()
+                         else c.encode("unicode_escape").decode("ascii") for c in text) + "'"
+
+
+def _shown(raw: bytes) -> str:
+    """A folder name for a message: printable ASCII, shortened; bytes that are not UTF-8
+    as ``\\xff``."""
+    text = raw.decode("utf-8", "backslashreplace")
+    return _escaped(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _file_name(path: Path) -> str:
+    """A file's name for a message: itself when it is printable UTF-8, else escaped."""
+    text = os.fsencode(path.name).decode("utf-8", "backslashreplace")
+    return text if text.isprintable() else ascii(text)[1:-1]
+
+
+def check_student_name(name: str | bytes) -> str:
+    """The student id of a submission folder's name: the name in Unicode NFC.
+
+    ``name`` is the folder name as :meth:`pathlib.Path.iterdir` gives it (a name that is
+    not UTF-8 holds surrogate escapes there) or its bytes.
+
+    Raises:
+        ValueError: the name is not valid UTF-8, is empty, ``.`` or ``..``, is longer than
+            :data:`MAX_NAME_CHARS` characters, holds a path separator (``/``, ``\\``) or a
+            character that does not print (a control character, tab, newline, an
+            invisible format character), or starts with :data:`INVALID_PREFIX`
+            (reserved). The message names the problem and says to rename the folder.
+    """
+    try:
+        raw = name if isinstance(name, bytes) else os.fsencode(name)
+    except UnicodeError:  # a lone surrogate that is no surrogate escape
+        raw = name.encode("utf-8", "surrogatepass")
+    shown = _shown(raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"the folder name {shown} is not valid UTF-8 (byte "
+                         f"0x{raw[e.start]:02x} at byte {e.start}); {_FIX}, using UTF-8 "
+                         "characters only") from None
+    text = unicodedata.normalize("NFC", text)
+    if text in ("", ".", ".."):
+        raise ValueError(f"the folder name {shown} is not a name; {_FIX}")
+    if len(text) > MAX_NAME_CHARS:
+        raise ValueError(f"the folder name {shown} has {len(text)} characters, more than "
+                         f"{MAX_NAME_CHARS}; {_FIX}")
+    seps = [s for s in _SEPARATORS if s in text]
+    if seps:
+        raise ValueError(f"the folder name {shown} holds a path separator {seps[0]!r}; "
+                         f"{_FIX}")
+    bad = next((ch for ch in text if not ch.isprintable()), None)
+    if bad is not None:
+        what = " ".join(filter(None, [f"U+{ord(bad):04X}", unicodedata.name(bad, "")]))
+        raise ValueError(f"the folder name {shown} holds a character that does not print "
+                         f"({what} at character {text.index(bad)}); {_FIX}, with letters, "
+                         "digits, '-' or '_'")
+    if text.startswith(INVALID_PREFIX):
+        raise ValueError(f"the folder name {shown} starts with {INVALID_PREFIX!r}, which "
+                         f"the grader reserves for names it refuses; {_FIX}")
+    return text
+
+
+def flag_text(flag: Flag) -> str:
+    """A review flag on one line: ``grade_id line N: what`` for an answer's line,
+    ``folder name: what`` for a :data:`NAME_FLAG`."""
+    return f"{flag.grade_id}: {flag.key}" if flag.grade_id == NAME_FLAG else str(flag)
+
+
+def name_skeleton(student_id: str) -> str:
+    """What a name looks like: NFKC, look-alike Cyrillic and Greek letters mapped to
+    Latin ones, case folded. Two folders with the same skeleton are both flagged."""
+    return unicodedata.normalize("NFKC", student_id).translate(_HOMOGLYPHS).casefold()
+
+
+@dataclasses.dataclass(frozen=True)
+class StudentFolder:
+    """One student folder of a submissions folder and the id it is graded under."""
+
+    id: str
+    """The folder name in NFC (:func:`check_student_name`); ``invalid-name-<hash>`` when
+    the name is refused; ``<name>~<hash>`` when another folder's name has the same NFC
+    form (the folder whose name already is NFC keeps the plain id)."""
+    path: Path
+    error: str = ""
+    """Why the name was refused (its labs are not run), with the fix; empty if not."""
+    twins: tuple[str, ...] = ()
+    """The ids of the other folders whose names look the same (:func:`name_skeleton`)."""
+
+
+def _digest(raw: bytes, n: int) -> str:
+    return hashlib.sha256(raw).hexdigest()[:n]
+
+
+def student_folders(submissions_dir: str | Path) -> list[StudentFolder]:
+    """Every student folder of ``submissions_dir`` (sub-folders not starting with ``.``)
+    with its id, sorted by id; the ids are distinct.
+
+    Raises:
+        FileNotFoundError: no submissions folder, or no student folder in it.
+    """
+    subs = Path(submissions_dir)
+    if not subs.is_dir():
+        raise FileNotFoundError(f"no submissions folder {subs}")
+    paths = sorted(p for p in subs.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not paths:
+        raise FileNotFoundError(f"no student folders in {subs}; expected "
+                                f"{subs}/<student>/NN_*.ipynb")
+    named: dict[str, list[tuple[Path, bytes]]] = {}
+    refused: list[StudentFolder] = []
+    for p in paths:
+        raw = os.fsencode(p.name)
+        try:
+            named.setdefault(check_student_name(p.name), []).append((p, raw))
+        except ValueError as e:
+            refused.append(StudentFolder(INVALID_PREFIX + _digest(raw, 10), p,
+                                         error=f"refused: {e}"))
+    taken = {f.id for f in refused} | set(named)
+    graded: list[tuple[str, Path, str]] = []  # (id, folder, NFC name)
+    for nfc, group in named.items():
+        for p, raw in group:
+            sid = nfc
+            if len(group) > 1 and p.name != nfc:  # an NFC twin: both graded, apart
+                n = 8
+                while (sid := f"{nfc}~{_digest(raw, n)}") in taken:
+                    n += 8
+                taken.add(sid)
+            graded.append((sid, p, nfc))
+    looks: dict[str, list[str]] = {}
+    for sid, _, nfc in graded:
+        looks.setdefault(name_skeleton(nfc), []).append(sid)
+    folders = [StudentFolder(sid, p, twins=tuple(sorted(o for o in looks[name_skeleton(nfc)]
+                                                        if o != sid)))
+               for sid, p, nfc in graded]
+    return sorted(folders + refused, key=lambda f: f.id)
+
+
+def shard_slice(ids: Sequence[str], shard: tuple[int, int]) -> list[str]:
+    """The ``K``-th of ``N`` slices of the students: sorted by id, the ``i``-th student
+    (from 0) goes to slice ``i mod N``, so slices differ in size by one at most and
+    every machine that lists the same folder cuts it the same way.
+
+    Raises:
+        ValueError: ``shard`` is not ``(K, N)`` with ``0 <= K < N``.
+    """
+    k, n = shard
+    if not (isinstance(k, int) and isinstance(n, int) and 0 <= k < n):
+        raise ValueError(f"shard must be (K, N) with 0 <= K < N, got {shard!r}")
+    return sorted(ids)[k::n]
 
 
 def reference_notebooks(reference_dir: Path) -> dict[str, Path]:
@@ -57,51 +256,77 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                       skip: set[str] | frozenset[str] = frozenset(),
                       on_student: Callable[[str, list[LabGrade]], None] | None = None,
                       hide: tuple[Path, ...] = (),
-                      seed: int | None = None) -> list[LabGrade]:
+                      seed: int | None = None,
+                      shard: tuple[int, int] | None = None) -> list[LabGrade]:
     """Grade ``SUBMISSIONS/<student>/NN_*.ipynb`` against ``REFERENCE/NN_*.ipynb``.
 
     Args:
         limits: per-notebook limits (validated when constructed).
         sanitize: ignored (kept for old callers).
-        labs: lab numbers to grade (``["01"]``); None: every lab someone submitted.
+        labs: lab numbers to grade (``["01"]``); None: every lab someone submitted (in
+            the whole folder, also when grading one shard).
         progress: called with one line per graded notebook (e.g. ``print``).
-        jobs: sandboxes run in parallel (>= 1).
+        jobs: sandboxes run in parallel (>= 1); the rows do not depend on it.
         sandbox: see :func:`grade_notebook`.
-        skip: students not to grade (``--resume``: already in scores.csv).
-        on_student: called with (student, their grades) as soon as all their labs are
-            graded (in completion order): how scores.csv is written row by row.
+        skip: student ids not to grade (``--resume``: already in scores.csv).
+        on_student: called with (student id, their grades) as soon as all their labs are
+            graded (in completion order, always from the calling thread): how scores.csv
+            and the feedback are written row by row. If it raises, the student's grades
+            become error rows saying why, and it is called once more with those.
         hide: more host folders to hide in the sandbox (the output folders).
-        seed: the seed the hidden cases are drawn from (with each student's name and
+        seed: the seed the hidden cases are drawn from (with each student's id and
             check); None: a fresh random one, printed through ``progress`` so a re-grade
             can draw the same cases.
+        shard: ``(K, N)``: grade only the K-th of N slices of the students
+            (:func:`shard_slice`); None: all of them.
 
     Returns:
-        One LabGrade per student and lab, students in name order; a lab a student did
-        not submit (or submitted twice) is an error row with no points; a submission
-        that breaks the grader itself is an error row naming the reason.
+        One LabGrade per student and lab, students in id order; a lab a student did
+        not submit (or submitted twice) is an error row with no points; a refused
+        folder name, a submission that breaks the grader itself or a failure while
+        recording the student is an error row naming the reason.
 
     Raises:
         FileNotFoundError: no submissions folder, no student folders, or no references.
-        ValueError: a requested lab has no reference notebook, ``jobs`` < 1, or a
-            reference notebook is malformed.
+        ValueError: a requested lab has no reference notebook, ``jobs`` < 1, ``shard``
+            is not ``(K, N)`` with ``0 <= K < N``, or a reference notebook is malformed.
         SandboxUnavailable: ``sandbox="bwrap"`` and bubblewrap does not work here (the
             only error a submission's contents cannot cause).
     """
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    if shard is not None:
+        shard_slice([], shard)  # validates it
     subs, refs = Path(submissions_dir), reference_notebooks(Path(reference_dir))
-    if not subs.is_dir():
-        raise FileNotFoundError(f"no submissions folder {subs}")
-    students = sorted(p for p in subs.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not students:
-        raise FileNotFoundError(f"no student folders in {subs}; expected "
-                                f"{subs}/<student>/NN_*.ipynb")
-    found: dict[str, dict] = {s.name: {} for s in students}
-    for s in students:
-        for nb in sorted(s.glob("*.ipynb")) if not s.is_symlink() else []:
-            if lab_key(nb) is None and progress:
-                progress(f"{s.name:<20} ignored {nb.name}: not named NN_*.ipynb")
-            found[s.name].setdefault(lab_key(nb), []).append(nb)
+    folders = {f.id: f for f in student_folders(subs)}
+
+    def say(line: str) -> None:
+        if progress is None:
+            return
+        try:
+            progress(line)
+        except UnicodeError:  # a terminal that cannot show the name: say it in ASCII
+            progress(line.encode("ascii", "backslashreplace").decode("ascii"))
+
+    found: dict[str, dict] = {sid: {} for sid in folders}
+    problem = {sid: f.error for sid, f in folders.items() if f.error}
+    for sid, f in folders.items():
+        if f.error:
+            continue
+        if f.path.is_symlink():
+            problem[sid] = (f"refused: the student folder {_shown(os.fsencode(f.path.name))} "
+                            "is a symbolic link; submit a real folder")
+            continue
+        try:
+            notebooks = sorted(f.path.glob("*.ipynb"))
+        except OSError as e:
+            problem[sid] = (f"could not list the folder ({type(e).__name__}: {e.strerror}); "
+                            "make it readable by the grader")
+            continue
+        for nb in notebooks:
+            if lab_key(nb) is None:
+                say(f"{sid:<20} ignored {_file_name(nb)}: not named NN_*.ipynb")
+            found[sid].setdefault(lab_key(nb), []).append(nb)
     wanted = labs or sorted({k for f in found.values() for k in f if k in refs})
     missing = [k for k in wanted if k not in refs]
     if missing:
@@ -111,38 +336,39 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         raise SandboxUnavailable(f"sandbox required but unavailable: {sandbox_status()[1]}; "
                                  "install bubblewrap (apt-get install bubblewrap) or pass "
                                  "--sandbox auto")
-    if sandbox == "auto" and not sandbox_status()[0] and progress:
-        progress(f"WARNING: {sandbox_status()[1]}. Submissions will run WITHOUT a sandbox "
-                 "(plain subprocesses with rlimits): a submission could read and change "
-                 "your files. Install bubblewrap, or pass --sandbox bwrap to refuse.")
+    if sandbox == "auto" and not sandbox_status()[0]:
+        say(f"WARNING: {sandbox_status()[1]}. Submissions will run WITHOUT a sandbox "
+            "(plain subprocesses with rlimits): a submission could read and change "
+            "your files. Install bubblewrap, or pass --sandbox bwrap to refuse.")
     if seed is None:
         seed = secrets.randbits(48)
-    if progress:
-        progress(f"hidden cases drawn with seed {seed} (--seed {seed} draws them again)")
+    say(f"hidden cases drawn with seed {seed} (--seed {seed} draws them again)")
     # Read every reference once, before any student code runs.
     ref_nbs = {lab: nbformat.read(str(refs[lab]), as_version=4) for lab in wanted}
     for lab, nb in ref_nbs.items():
         assemble(nb, {})  # a malformed reference check fails here, before any work
     hide = tuple(hideable(Path(reference_dir), subs, *hide))
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    tasks = [(s, lab) for s in found if s not in skip for lab in wanted]
+    mine = set(shard_slice(list(folders), shard)) if shard else set(folders)
+    order = [sid for sid in folders if sid in mine and sid not in skip]
+    if shard:
+        say(f"shard {shard[0]}/{shard[1]}: {len(mine)} of {len(folders)} students")
+    tasks = [(s, lab) for s in order for lab in wanted]
     results: dict[tuple[str, str], LabGrade] = {}
-    pending = {s: len(wanted) for s in found if s not in skip}
-    lock, report_lock = threading.Lock(), threading.Lock()
+    pending = {s: len(wanted) for s in order}
+    lock = threading.Lock()
     free_slots = list(range(jobs))
 
-    def one(student: str, lab: str) -> LabGrade:
+    def grade(student: str, lab: str, graded: dict[str, float]) -> LabGrade:
+        if student in problem:
+            return error_grade(student, lab, None, graded, problem[student])
         nbs = found[student].get(lab, [])
-        graded = autograded(ref_nbs[lab])
-        if (subs / student).is_symlink():
-            return error_grade(student, lab, None, graded,
-                               f"refused: the student folder {student}/ is a symbolic link; "
-                               "submit a real folder")
         if len(nbs) != 1:
             return error_grade(student, lab, None, graded,
                                f"no {lab}_*.ipynb submitted" if not nbs else
-                               f"{len(nbs)} notebooks for lab {lab} "
-                               f"({', '.join(p.name for p in nbs)}); submit exactly one")
+                               f"{len(nbs)} notebooks for lab {lab} ("
+                               + ", ".join(map(_file_name, nbs))
+                               + "); submit exactly one")
         with lock:
             slot = free_slots.pop()
         try:
@@ -150,38 +376,75 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                                   sandbox=sandbox, hide=hide, slot=slot, threads=threads,
                                   reference=ref_nbs[lab], seed=seed,
                                   inside=subs)
-        except SandboxUnavailable:
-            raise
-        except Exception as e:  # noqa: BLE001 - one hostile notebook never stops the batch
-            return error_grade(student, lab, nbs[0], graded,
-                               f"grading failed: {type(e).__name__}: {str(e)[:300]}")
         finally:
             with lock:
                 free_slots.append(slot)
 
-    def done(g: LabGrade) -> None:
-        with lock:
-            results[(g.student, g.lab)] = g
-            pending[g.student] -= 1
-            finished = pending[g.student] == 0
-        if progress:
-            progress(f"{g.student:<20} lab {g.lab}: {g.points:g}/{g.max_points:g} points"
-                     + (f" ({g.wall_s:.0f} s)" if g.wall_s else "")
-                     + (f"  [{g.error}]" if g.error else "")
-                     + (f"  [flagged: {'; '.join(map(str, g.flags))}]" if g.flags else "")
-                     + (f"  [{g.warning}]" if g.warning else ""))
-        if finished and on_student:
-            with report_lock:  # one writer at a time: scores.csv and feedback files
-                on_student(g.student, [results[(g.student, lab)] for lab in wanted])
+    def one(student: str, lab: str) -> LabGrade:
+        graded = autograded(ref_nbs[lab])
+        try:
+            g = grade(student, lab, graded)
+        except SandboxUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - one hostile notebook never stops the batch
+            g = error_grade(student, lab, (found[student].get(lab) or [None])[0], graded,
+                            f"grading failed: {type(e).__name__}: {str(e)[:300]}")
+        twins = folders[student].twins
+        if twins:
+            g.flags.append(Flag(NAME_FLAG, 0, f"looks like {', '.join(map(_escaped, twins))} "
+                                "(the same after Unicode normalization, case folding and "
+                                "look-alike letters): check that they are different students",
+                                text=_escaped(student)))
+        return g
 
+    def record(student: str) -> None:
+        """on_student, in this thread; a failure makes the student's rows error rows."""
+        grades = [results[(student, lab)] for lab in wanted]
+        if on_student is None:
+            return
+        try:
+            on_student(student, grades)
+            return
+        except Exception as e:  # noqa: BLE001 - a full disk, a bad name: this student only
+            why = (f"recording the grade failed ({type(e).__name__}: {str(e)[:200]}), so "
+                   "no points are kept; fix the cause and grade this student again "
+                   "(delete their row before --resume)")
+        grades = [dataclasses.replace(
+            error_grade(student, g.lab, None, {c.grade_id: c.max_points for c in g.checks},
+                        why), flags=list(g.flags)) for g in grades]
+        for g in grades:
+            results[(student, g.lab)] = g
+        say(f"{student:<20} {why}")
+        try:
+            on_student(student, grades)
+        except Exception as e:  # noqa: BLE001 - the returned grades still say it
+            say(f"{student:<20} could not record the error row either "
+                f"({type(e).__name__}: {str(e)[:200]})")
+
+    def done(g: LabGrade) -> None:
+        results[(g.student, g.lab)] = g
+        pending[g.student] -= 1
+        say(f"{g.student:<20} lab {g.lab}: {g.points:g}/{g.max_points:g} points"
+            + (f" ({g.wall_s:.0f} s)" if g.wall_s else "")
+            + (f"  [{g.error}]" if g.error else "")
+            + (f"  [flagged: {'; '.join(map(flag_text, g.flags))}]" if g.flags else "")
+            + (f"  [{g.warning}]" if g.warning else ""))
+        if pending[g.student] == 0:
+            record(g.student)
+
+    # Grades are recorded here, in the calling thread, in both branches: the rows are
+    # the same whatever ``jobs`` is, and no exception can vanish in a worker's callback.
     if jobs == 1:
         for s, lab in tasks:
             done(one(s, lab))
     else:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(one, s, lab) for s, lab in tasks]
-            for fut in futures:
-                fut.add_done_callback(lambda f: done(f.result()))
-            for fut in futures:
-                fut.result()
-    return [results[(s, lab)] for s in found if s not in skip for lab in wanted]
+            try:
+                for fut in as_completed(futures):
+                    done(fut.result())
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+    return [results[(s, lab)] for s in order for lab in wanted]
