@@ -30,6 +30,7 @@ import hashlib
 import os
 import secrets
 import threading
+import time
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -41,7 +42,7 @@ from perflab.course.answers import Flag, assemble, autograded
 from perflab.course.sandbox import SandboxUnavailable, sandbox_status
 # Limits, LabGrade, lab_key and autograded stay importable from here (the grade command
 # and the report import them with grade_submissions).
-from perflab.course.submission import (LabGrade, Limits, error_grade, grade_notebook,
+from perflab.course.submission import (_SOLUTIONS, LabGrade, Limits, error_grade, grade_notebook,
                                        hideable, lab_key)
 
 __all__ = ["grade_submissions", "reference_notebooks", "StudentFolder", "student_folders",
@@ -292,6 +293,9 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
             is not ``(K, N)`` with ``0 <= K < N``, or a reference notebook is malformed.
         SandboxUnavailable: ``sandbox="bwrap"`` and bubblewrap does not work here (the
             only error a submission's contents cannot cause).
+        SandboxLeak: the sandbox self-test (:func:`perflab.course.selftest.self_test`,
+            run before any student whenever a sandbox is used) found an answer readable
+            inside; nobody was graded.
     """
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
@@ -348,6 +352,15 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
     for lab, nb in ref_nbs.items():
         assemble(nb, {})  # a malformed reference check fails here, before any work
     hide = tuple(hideable(Path(reference_dir), subs, *hide))
+    if sandbox != "none" and sandbox_status()[0]:
+        # Before any student: prove that nothing readable in the sandbox holds an answer
+        # (perflab.course.selftest; SandboxLeak stops the batch, naming every path).
+        from perflab.course.selftest import self_test
+
+        t0 = time.monotonic()
+        self_test(ref_nbs, hide=(*hide, *hideable(_SOLUTIONS)), mode=sandbox)
+        say(f"sandbox self-test passed ({time.monotonic() - t0:.0f} s): no reference "
+            "solution, hidden test, solution marker or git object store is readable inside")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     mine = set(shard_slice(list(folders), shard)) if shard else set(folders)
     order = [sid for sid in folders if sid in mine and sid not in skip]

@@ -57,7 +57,8 @@ from perflab.course.slots import kill_uid as _kill_uid
 from perflab.course.slots import processes_of as _processes_of
 
 __all__ = ["SandboxUnavailable", "SandboxLimits", "SandboxRun", "sandbox_status",
-           "run_sandboxed", "allowed_paths", "grader_only_paths", "SANDBOX_WORK",
+           "run_sandboxed", "allowed_paths", "grader_only_paths", "visible_hides",
+           "SANDBOX_WORK",
            "SLOT_UID_BASE"]
 
 
@@ -150,6 +151,19 @@ def grader_only_paths() -> list[Path]:
         if spec is not None and spec.origin and spec.submodule_search_locations:
             out.append(Path(spec.origin).resolve().parent)
     return out
+
+
+def visible_hides(hide: Sequence[Path]) -> list[Path]:
+    """What hiding ``hide`` (and :func:`grader_only_paths`) changes inside the sandbox:
+    the existing paths among them that lie inside a bound folder (anything else is not
+    visible anyway), resolved, sorted, once each."""
+    bound = [b.resolve() for b in allowed_paths() if not b.is_symlink()]
+    out = set()
+    for h in [*hide, *grader_only_paths()]:
+        h = Path(h).resolve()
+        if h.exists() and any(b == h or b in h.parents for b in bound):
+            out.add(h)
+    return sorted(out)
 
 
 def _unreadable_by_others() -> list[Path]:
@@ -360,11 +374,7 @@ def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: Sand
     if sandboxed:
         inner_cmd = [c.replace(str(scratch), SANDBOX_WORK) for c in cmd]
         argv = _bwrap_argv(uid, limits.tmpfs_gib)
-        bound = [b.resolve() for b in allowed_paths() if not b.is_symlink()]
-        for h in [*hide, *grader_only_paths()]:
-            h = Path(h).resolve()
-            if not any(b == h or b in h.parents for b in bound):
-                continue  # outside every bound folder: not visible anyway
+        for h in visible_hides(hide):
             if h.is_dir():
                 argv += ["--tmpfs", str(h)]
             elif h.exists():

@@ -32,7 +32,6 @@ configuration and the same references, so a test session pays for it once.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
 from perflab.course.sandbox import (SANDBOX_WORK, SandboxLimits, SandboxUnavailable,
-                                    run_sandboxed)
+                                    run_sandboxed, visible_hides)
 
 __all__ = ["SandboxLeak", "Leak", "LeakPatterns", "leak_patterns", "self_test", "MIN_LINE"]
 
@@ -275,11 +274,8 @@ def _run_probe(patterns: LeakPatterns, *, hide: Sequence[Path], mode: str,
     return [Leak(path, "; ".join(reasons)) for path, reasons in sorted(out["leaks"].items())], text
 
 
-@functools.lru_cache(maxsize=8)
-def _cached(digest: str, hide: tuple[Path, ...], mode: str, timeout_s: float,
-            roots: tuple[str, ...], patterns_box: tuple) -> tuple[Leak, ...]:
-    return tuple(_run_probe(patterns_box[0], hide=hide, mode=mode, timeout_s=timeout_s,
-                            roots=roots)[0])
+#: This process's probe results: (patterns digest, visible hides, mode, roots) -> leaks.
+_RESULTS: dict[tuple, tuple[Leak, ...]] = {}
 
 
 def self_test(references: dict[str, object], *, hide: Iterable[Path] = (),
@@ -307,13 +303,17 @@ def self_test(references: dict[str, object], *, hide: Iterable[Path] = (),
         SandboxUnavailable: the probe could not run.
     """
     patterns = leak_patterns(references)
-    hide = tuple(sorted(Path(h).resolve() for h in hide))
+    # what the hidden paths change inside (the cache key: a batch's output folders in
+    # /tmp are not visible anyway, so every batch of a test session shares one probe)
+    hide = tuple(visible_hides(list(hide)))
     roots = tuple(str(r) for r in roots)
-    if cache:
-        leaks = list(_cached(patterns.digest(), hide, mode, timeout_s, roots, (patterns,)))
+    key = (patterns.digest(), hide, mode, roots)
+    if cache and key in _RESULTS:
+        leaks = list(_RESULTS[key])
     else:
         leaks = _run_probe(patterns, hide=hide, mode=mode, timeout_s=timeout_s,
                            roots=roots)[0]
+        _RESULTS[key] = tuple(leaks)
     if leaks:
         shown = "\n".join(f"  {leak.path}: {leak.reason}" for leak in leaks[:20])
         more = f"\n  ... and {len(leaks) - 20} more" if len(leaks) > 20 else ""
