@@ -1,7 +1,8 @@
 """``perflab course``: course tooling. ``build`` writes labs/ (student notebooks) from
 solutions/, ``record`` stores the solution notebooks' check outputs, ``grade`` grades
 submissions (or one shard of them), ``merge`` joins the shards' score tables
-(:mod:`perflab.course.command`, see docs/INSTRUCTORS.md)."""
+(:mod:`perflab.course.command`, see docs/INSTRUCTORS.md), ``release`` writes what
+students get (:mod:`perflab.course.release`)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_record(csub)
     _add_grade(csub)
     _add_merge(csub)
+    _add_release(csub)
 
 
 def _add_build(csub: argparse._SubParsersAction) -> None:
@@ -101,3 +103,14 @@ def cmd_course_record(args: argparse.Namespace) -> int:
         for text in outputs:
             print("  " + (text.strip().replace("\n", "\n  ") or "(no output)"))
     return 0
+
+
+def _add_release(csub: argparse._SubParsersAction) -> None:
+    from perflab.course.release import add_release_arguments, release_command
+
+    r = csub.add_parser("release", help="write the students' copy of the course to DEST",
+                        description="labs/, perflab without the grader, the dataset's README, "
+                                    "docs/STUDENTS.md, a README and pyproject.toml; refuses "
+                                    "if any file would hold a line of a reference solution")
+    add_release_arguments(r)
+    r.set_defaults(fn=release_command)

@@ -21,5 +21,9 @@ No student notebook imports this subpackage (the solutions' graded parts import
   channel).
 * :mod:`perflab.course.grading`: grade a folder of submissions; the ``grade`` command.
 * :mod:`perflab.course.report`: ``scores.csv``, students' feedback, instructor files.
+* :mod:`perflab.course.similarity`: similar answer cells (winnowing, as MOSS does) for
+  the review column and ``instructor/similarity.csv``.
+* :mod:`perflab.course.release`: the students' copy of the course
+  (``perflab course release``): no solutions, tests or grader.
 * :mod:`perflab.course.nbval_times`: pytest plugin printing nbval wall time per notebook.
 """

@@ -189,6 +189,7 @@ def grade_command(args) -> int:
                                skip=table.students(), on_student=student_done, shard=shard,
                                hide=(out.resolve().parent, out.resolve(),
                                      feedback.resolve(), instructor.resolve()))
+    _review_similarity(grades, refs, Path(args.reference), instructor, table)
     table.flush()  # the table exists even when every student was skipped
     manifest(complete=True)
     write_answers(grades, instructor / "answers")
@@ -202,3 +203,41 @@ def grade_command(args) -> int:
           + (f"; skipped {len(table.resumed)} student(s) already in {out}"
              if table.resumed else ""))
     return 0
+
+
+def _review_similarity(grades: list, refs: dict, reference: Path, instructor: Path,
+                       table) -> None:
+    """Compare every answer cell of the batch with the references, perflab's code and
+    the other students' (:mod:`perflab.course.similarity`): write
+    ``instructor/similarity.csv`` and add each match to its student's review column
+    (never a deduction); the rows of those students are rewritten."""
+    import nbformat
+
+    import perflab
+    from perflab.course.answers import Flag, answers_of, solution_ids
+    from perflab.course.similarity import (boilerplate_sources, library_sources,
+                                           reference_sources, similarity_pairs,
+                                           write_similarity_csv)
+
+    ref_nbs = {lab: nbformat.read(str(p), as_version=4) for lab, p in refs.items()}
+    submitted: dict[str, dict[str, str]] = {}
+    for g in grades:
+        if g.notebook is None or g.lab not in ref_nbs or g.error:
+            continue
+        try:
+            sub = nbformat.read(str(g.notebook), as_version=4)
+        except Exception:  # noqa: BLE001 - an unreadable notebook is already an error row
+            continue
+        submitted.setdefault(g.student, {}).update(answers_of(sub, ref_nbs[g.lab])[0])
+    matches = similarity_pairs(submitted, reference_sources(reference),
+                               library_sources(Path(perflab.__file__).parent),
+                               boilerplate=boilerplate_sources(reference))
+    write_similarity_csv(matches, instructor / "similarity.csv")
+    lab_of = {gid: lab for lab, nb in ref_nbs.items() for gid in solution_ids(nb)}
+    for m in matches:
+        for g in grades:
+            if g.student == m.student and g.lab == lab_of.get(m.grade_id):
+                g.flags.append(Flag(m.grade_id, 0, f"similar ({m.score:.0%}, {m.tokens} "
+                                                   f"tokens) to {m.matched}"))
+    for student in sorted({m.student for m in matches}):
+        table.add(student, [g for g in grades if g.student == student])
