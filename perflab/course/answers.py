@@ -12,8 +12,15 @@ reference's solutions, written answers, judges, hidden assertions and stored out
 into the machinery (the interpreter, the kernel, the grader): a *review* finding for the
 instructor (the ``review`` column), never a deduction; points come only from answers on
 hidden cases (:mod:`perflab.course.cases`). Honest idioms (``import os`` for
-``os.cpu_count()``, ``self.__class__.__name__``, ``%time``, ``sys.getsizeof``) are not
-findings; an exercise can allow more (solution-cell metadata ``perflab: {allow: [...]}``).
+``os.cpu_count()``, ``self.__class__.__name__``, ``%time``, ``sys.getsizeof``,
+``inspect.signature``, ``types.SimpleNamespace``, ``cProfile.Profile()``) are not
+findings; the documented torch settings (:data:`COURSE_ALLOW`:
+``torch.backends.cudnn.benchmark = True``, ...) are allowed in every answer, and an
+exercise can allow more (solution-cell metadata ``perflab: {allow: [...]}``): both through
+:func:`allowances`. The *exec family* (``exec``/``eval``/``compile``, ``runpy``,
+``cProfile``/``profile`` ``run``/``runctx``, ``importlib`` loading a file,
+``types.FunctionType``, ``code.replace``, ``__code__`` assignment) is always a finding: it
+is how a second copy of a forbidden helper's code is made at run time.
 The "predict, then explain" cells (nbgrader manually graded cells) are collected for
 the instructor by :mod:`perflab.course.written`.
 """
@@ -30,8 +37,8 @@ from perflab.course.cases import draw_cases
 from perflab.course.checks import (CheckCell, graded_functions, graded_probe, parse_python,
                                    probe_source, split_check)
 
-__all__ = ["SKIP_TAG", "Flag", "Assembled", "solution_ids", "answers_of", "scan_answer",
-           "assemble", "allowances"]
+__all__ = ["SKIP_TAG", "COURSE_ALLOW", "Flag", "Assembled", "solution_ids", "answers_of",
+           "scan_answer", "assemble", "allowances"]
 
 #: Cells with this tag do not run in grading (experiment panels, sweeps, long
 #: measurements): no graded answer may need what they compute.
@@ -43,12 +50,58 @@ SKIP_TAG = "grading-skip"
 #: the machinery is in :data:`BLOCKED_MODULE_ATTRS`. A private module (``_pickle``,
 #: ``_json``: a name starting with ``_``) is always a finding.
 BLOCKED_MODULES = frozenset({
-    "builtins", "ctypes", "gc", "inspect", "IPython", "ipykernel",
+    "builtins", "ctypes", "gc", "IPython", "ipykernel",
     "importlib", "subprocess", "signal", "socket", "shutil", "pty", "atexit",
-    "code", "codeop", "marshal", "pickle", "dill", "types", "tracemalloc", "faulthandler",
+    "code", "codeop", "marshal", "pickle", "dill", "tracemalloc", "faulthandler",
     "jupyter_client", "zmq", "nbformat", "nbval", "pytest", "perflab.course", "resource",
-    "multiprocessing", "threading", "asyncio", "runpy", "unittest",
-    "sysconfig", "site", "linecache", "traceback"})
+    "perflab.labs.checking", "multiprocessing", "threading", "asyncio", "runpy", "unittest",
+    "sysconfig", "site", "linecache", "traceback", "trace", "pdb", "bdb", "doctest",
+    "pkgutil", "zipimport", "imp", "py_compile", "compileall"})
+#: Modules of which honest answers use a few names (``inspect.signature``,
+#: ``types.SimpleNamespace``, ``cProfile.Profile``): importing them is not a finding, any
+#: other name of them is (``inspect.currentframe``, ``types.FunctionType``,
+#: ``cProfile.run``), and so is the module object itself passed around
+#: (``getattr(inspect, name)``).
+PARTLY_OPEN_MODULES: dict[str, frozenset[str]] = {
+    "inspect": frozenset({
+        "signature", "Signature", "Parameter", "BoundArguments", "isclass", "isfunction",
+        "ismethod", "isroutine", "isbuiltin", "ismodule", "isabstract", "isgenerator",
+        "isgeneratorfunction", "iscoroutinefunction", "isdatadescriptor", "getdoc",
+        "cleandoc", "getfullargspec"}),
+    "types": frozenset({"SimpleNamespace", "MappingProxyType", "NoneType", "GeneratorType"}),
+    "cProfile": frozenset({"Profile"}),
+    "profile": frozenset({"Profile"}),
+}
+#: Names (attributes of anything, or bare names) that run code built at run time or make
+#: a second copy of a function's code: the exec family. ``runcall(fn, ...)`` calls a
+#: function and is honest; ``run``/``runctx`` run a string of source.
+EXEC_FAMILY = frozenset({
+    "runctx", "run_path", "run_module", "spec_from_file_location", "spec_from_loader",
+    "module_from_spec", "exec_module", "load_module", "SourceFileLoader",
+    "SourcelessFileLoader", "ExtensionFileLoader", "source_to_code", "FunctionType",
+    "CodeType", "LambdaType"})
+#: Constructors of profilers, tracers and debuggers whose ``.run(source)`` executes a
+#: string (``cProfile.Profile().run("...")``): the last part of the called name.
+_RUNNERS = ("Profile", "Profiler", "Trace", "Pdb", "Bdb")
+#: Modules reached as an attribute of another module that imported them
+#: (``helpers.importlib``): the import check would not see them.
+_MODULE_ATTRS = frozenset({"builtins", "importlib", "runpy", "subprocess", "marshal",
+                           "codeop"})
+#: Documented torch settings an honest answer assigns (``torch.backends.cudnn.benchmark =
+#: True``, Lab 08's reference): allowed in every answer (:func:`allowances`). They are
+#: exact scan keys; the two ``config`` entries allow any key of that config module.
+COURSE_ALLOW = (
+    "module attribute torch.backends.cudnn.benchmark",
+    "module attribute torch.backends.cudnn.deterministic",
+    "module attribute torch.backends.cudnn.enabled",
+    "module attribute torch.backends.cudnn.allow_tf32",
+    "module attribute torch.backends.cuda.matmul.allow_tf32",
+    "module attribute torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "module attribute torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+    "module attribute torch.backends.mkldnn.enabled",
+    "module attribute torch._dynamo.config",
+    "module attribute torch._inductor.config",
+)
 #: Attributes of ``os`` and ``sys`` that run programs, write files, or reach frames,
 #: modules and hooks.
 BLOCKED_MODULE_ATTRS = frozenset({
@@ -57,7 +110,8 @@ BLOCKED_MODULE_ATTRS = frozenset({
     "os.replace", "os.chmod", "os.symlink", "os.link", "os.truncate", "os.execv",
     "os.execve", "os.execl", "os.execvp", "os.spawnv", "os.spawnl", "os.posix_spawn",
     "os.fdopen", "os.pipe", "os.putenv",
-    "sys.modules", "sys._getframe", "sys.settrace", "sys.setprofile", "sys.meta_path",
+    "sys.modules", "sys._getframe", "sys.settrace", "sys.setprofile", "sys.gettrace",
+    "sys.getprofile", "sys._current_frames", "sys.meta_path",
     "sys.path_hooks", "sys.addaudithook", "sys.displayhook", "sys.excepthook",
     "sys.__stdout__", "sys.__stderr__", "sys.stdout", "sys.stderr", "sys.stdin"})
 #: Names that hand out the interpreter's machinery.
@@ -172,9 +226,21 @@ def _blocked_module(name: str) -> bool:
                                        for m in BLOCKED_MODULES)
 
 
+_MODE = re.compile(r"[rwxabt+U]{1,4}")   # a constant that reads as an open() mode
+
+
 def _writes(call: ast.Call) -> bool:
-    mode = call.args[1] if len(call.args) > 1 else next(
-        (k.value for k in call.keywords if k.arg == "mode"), None)
+    """``open(path, mode)`` (or ``io.open``, ``gzip.open``, ``Path(p).open(mode)``)
+    with a mode that writes: a constant mode with ``w``, ``a``, ``x`` or ``+``, or a
+    computed ``mode=``."""
+    name_call = isinstance(call.func, ast.Name)
+    mode = next((k.value for k in call.keywords if k.arg == "mode"), None)
+    if mode is None:
+        if name_call:
+            mode = call.args[1] if len(call.args) > 1 else None
+        else:  # Path(p).open("w") or io.open(p, "w"): the first constant that is a mode
+            mode = next((a for a in call.args[:2] if isinstance(a, ast.Constant)
+                         and isinstance(a.value, str) and _MODE.fullmatch(a.value)), None)
     if mode is None:
         return False
     if not isinstance(mode, ast.Constant) or not isinstance(mode.value, str):
@@ -182,23 +248,45 @@ def _writes(call: ast.Call) -> bool:
     return any(ch in mode.value for ch in "wax+")
 
 
+def _runner_call(node: ast.AST, runners: set[str]) -> bool:
+    """``node`` is a profiler/tracer/debugger: ``cProfile.Profile()`` or a name bound
+    to one in the cell."""
+    if isinstance(node, ast.Name):
+        return node.id in runners
+    return isinstance(node, ast.Call) and _dotted(node.func).rpartition(".")[2].endswith(_RUNNERS)
+
+
 def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] = ()
                 ) -> list[Flag]:
     """Flag the lines of one answer that reach into the machinery.
 
-    Flagged: importing :data:`BLOCKED_MODULES` or a private module (``_pickle``); using
-    :data:`BLOCKED_NAMES` (which covers IPython magics other than ``%time``/``%timeit``
-    and ``!`` shell lines, which run through ``get_ipython()``); reading
-    :data:`BLOCKED_ATTRS` (frames, globals, subclasses, file writes) or
-    :data:`BLOCKED_MODULE_ATTRS`; ``getattr``/``hasattr`` with a dunder string;
-    assigning an attribute of a module (``torch.x = ...``, ``perflab.run = ...``);
-    ``open`` for writing. A ``%%writefile`` cell's body is scanned as the module it is. ``allow`` entries exempt flags whose key equals them or starts with them
-    (``"import os"``, ``"module attribute torch.backends"``).
+    Flagged: importing :data:`BLOCKED_MODULES` or a private module (``_pickle``); a name
+    of :data:`PARTLY_OPEN_MODULES` that is not one of its honest ones
+    (``inspect.currentframe``, ``from types import FunctionType``) or the module object
+    itself passed around; using :data:`BLOCKED_NAMES` (which covers IPython magics other
+    than ``%time``/``%timeit`` and ``!`` shell lines, which run through
+    ``get_ipython()``); reading :data:`BLOCKED_ATTRS` (frames, globals, subclasses, file
+    writes) or :data:`BLOCKED_MODULE_ATTRS` (also reached through another module:
+    ``helpers.sys.settrace``), or a module through another one (``helpers.importlib``);
+    ``getattr``/``hasattr`` with a dunder or exec-family string; assigning an attribute
+    of a module (``torch.x = ...``, ``perflab.run = ...``); ``open`` for writing (also
+    ``Path.open``, ``io.open``). The *exec family* (key ``exec family ...``): a name of
+    :data:`EXEC_FAMILY` (``runctx``, ``run_path``, ``spec_from_file_location``,
+    ``exec_module``, ``SourceFileLoader``, ``FunctionType``, ``CodeType``) as an attribute
+    of anything or a bare name, ``.run(...)`` on a profiler, tracer or debugger
+    (``cProfile.Profile().run(src)``), ``.replace(co_...=...)`` on a code object,
+    assigning ``__code__``; ``exec``, ``eval`` and ``compile`` are ``name`` keys. A
+    ``%%writefile`` cell's body is scanned as the module it is. ``allow`` entries exempt
+    flags whose key equals them or starts with them (``"import os"``, ``"module
+    attribute torch.backends"``); grading passes :func:`allowances` (the cell's metadata
+    and :data:`COURSE_ALLOW`).
 
-    A static scan cannot see everything a determined student can build at run time;
-    it is the instructor's signal, and the verdict does not depend on it (see
-    :mod:`perflab.course.checks`). An answer that is not valid Python is not flagged:
-    it fails when it runs.
+    A static scan cannot see everything a determined student can build at run time
+    (a string of source handed to ``timeit`` or ``torch.utils.benchmark.Timer`` through a
+    variable, names built from strings); it is the instructor's signal, and the verdict
+    does not depend on it (see :mod:`perflab.course.checks`; the run-time spy,
+    :func:`perflab.labs.checking.watch_calls`, sees a forbidden helper's code however it
+    was copied). An answer that is not valid Python is not flagged: it fails when it runs.
     """
     code = _python_of(source)
     try:
@@ -206,45 +294,84 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
     except SyntaxError:
         return []
     lines = code.splitlines()
-    imported = set()
+    imported, partly, runners = set(), {}, set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+            partly.update({a.asname or a.name: a.name for a in node.names
+                           if a.name in PARTLY_OPEN_MODULES})
         elif isinstance(node, ast.ImportFrom):
             imported.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Assign) and _runner_call(node.value, set()):
+            runners.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) \
+                and _runner_call(node.context_expr, set()):
+            runners.add(node.optional_vars.id)
     modules = MODULE_NAMES | imported
     found: list[tuple[int, str]] = []
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
         ln = getattr(node, "lineno", 0)
+        up = parents.get(id(node))
         if isinstance(node, ast.Import):
             found += [(ln, f"import {a.name}") for a in node.names if _blocked_module(a.name)]
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             if node.level == 0 and _blocked_module(mod):
                 found.append((ln, f"import {mod}"))
-        elif isinstance(node, ast.Name) and node.id in BLOCKED_NAMES:
-            found.append((ln, f"name {node.id}"))
+            elif node.level == 0 and mod in PARTLY_OPEN_MODULES:
+                found += [(ln, f"import {mod}.{a.name}") for a in node.names
+                          if a.name not in PARTLY_OPEN_MODULES[mod]]
+            found += [(ln, f"exec family {a.name}") for a in node.names if a.name in EXEC_FAMILY]
+        elif isinstance(node, ast.Name):
+            if node.id in BLOCKED_NAMES:
+                found.append((ln, f"name {node.id}"))
+            if node.id in EXEC_FAMILY:
+                found.append((ln, f"exec family {node.id}"))
+            if node.id in partly and isinstance(node.ctx, ast.Load):
+                mod = partly[node.id]
+                if isinstance(up, ast.Attribute) and up.value is node:
+                    if up.attr not in PARTLY_OPEN_MODULES[mod]:
+                        found.append((ln, f"attribute {mod}.{up.attr}"))
+                else:
+                    found.append((ln, f"module {mod}"))
         elif isinstance(node, ast.Attribute):
-            up = parents.get(id(node))
+            dotted = _dotted(node)
             if node.attr in BLOCKED_ATTRS and not (
                     node.attr == "__class__" and isinstance(up, ast.Attribute)
                     and up.attr in ("__name__", "__qualname__")):
                 found.append((ln, f"attribute {node.attr}"))
-            if _dotted(node) in BLOCKED_MODULE_ATTRS and _root(node) in ("os", "sys"):
-                found.append((ln, f"attribute {_dotted(node)}"))
+            tail = ".".join(dotted.split(".")[-2:])
+            if tail in BLOCKED_MODULE_ATTRS and (_root(node) in ("os", "sys")
+                                                 or dotted.count(".") > 1):
+                found.append((ln, f"attribute {tail}"))
+            if node.attr in _MODULE_ATTRS and dotted.count(".") >= 1 and dotted != node.attr:
+                found.append((ln, f"attribute {node.attr}"))
             if isinstance(node.ctx, (ast.Store, ast.Del)) and _root(node) in modules:
-                found.append((ln, f"module attribute {_dotted(node)}"))
+                found.append((ln, f"module attribute {dotted}"))
             if node.attr in ("run_line_magic", "run_cell_magic", "system", "getoutput"):
                 found.append((ln, f"IPython {node.attr}"))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id == "open" and _writes(node)):
-            found.append((ln, "open for writing"))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "hasattr") and len(node.args) > 1
-              and isinstance(node.args[1], ast.Constant)
-              and str(node.args[1].value).startswith("__")):
-            found.append((ln, f"{node.func.id} {node.args[1].value}"))
+            if node.attr in EXEC_FAMILY:
+                found.append((ln, f"exec family {node.attr}"))
+            if node.attr == "__code__" and isinstance(node.ctx, (ast.Store, ast.Del)):
+                found.append((ln, "exec family __code__ assignment"))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else \
+                func.attr if isinstance(func, ast.Attribute) else None
+            if name == "open" and _writes(node):
+                found.append((ln, "open for writing"))
+            elif (isinstance(func, ast.Name) and name in ("getattr", "hasattr")
+                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                  and (str(node.args[1].value).startswith("__")
+                       or node.args[1].value in EXEC_FAMILY)):
+                found.append((ln, f"{name} {node.args[1].value}"))
+            elif isinstance(func, ast.Attribute) and name == "run" and (
+                    _runner_call(func.value, runners)
+                    or partly.get(_root(func) or "") in ("cProfile", "profile")):
+                found.append((ln, "exec family run"))
+            elif name == "replace" and any((k.arg or "").startswith("co_") for k in node.keywords):
+                found.append((ln, "exec family code.replace"))
     flags = []
     for ln, key in sorted(set(found)):
         if any(key == a or key.startswith(a + ".") or key.startswith(a + " ") for a in allow):
@@ -347,7 +474,9 @@ def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
 
 
 def allowances(reference: nbformat.NotebookNode) -> dict[str, tuple[str, ...]]:
-    """``answer grade_id -> allow`` entries from solution cells' metadata
-    ``["perflab"]["allow"]``."""
-    return {_nbg(c)["grade_id"]: tuple(c.metadata.get("perflab", {}).get("allow", []))
+    """``answer grade_id -> allow`` entries for :func:`scan_answer`: the course-wide
+    :data:`COURSE_ALLOW` (documented torch settings) and the solution cell's metadata
+    ``["perflab"]["allow"]`` (what one exercise's honest answers need)."""
+    return {_nbg(c)["grade_id"]:
+            COURSE_ALLOW + tuple(c.metadata.get("perflab", {}).get("allow", []))
             for c in reference.cells if _nbg(c).get("solution") and _nbg(c).get("grade_id")}

@@ -30,9 +30,13 @@ grader draws the cases from a seed the notebook never sees, runs only
 ``student_answer`` (and the block's imports) in the sandbox through
 :func:`answer_cases`, which prints the raw answers as one facts line, and runs
 ``hidden_cases`` and ``judge_answer`` outside (:func:`judge_answers`). The three names
-are fixed (the grader finds them); they are long so that no notebook name is rebound. ``forbid`` names perflab functions the exercise asks the student
-to write themselves: a graded call that reaches one (however: an alias, a default
-argument, a closure) fails, found by ``sys.setprofile`` on the functions' code objects.
+are fixed (the grader finds them); they are long so that no notebook name is rebound.
+``forbid`` names perflab functions (or dotted library paths) the exercise asks the
+student to write themselves: a graded call that reaches one fails, however it is reached
+(an alias, a default argument, a closure), in whatever thread or child process it runs
+(``concurrent.futures``, DataLoader workers, ``multiprocessing`` fork or spawn) and in any
+copy of its code (its module's source run again): see
+:func:`perflab.labs.checking.watch_calls`, which also says what it cannot see.
 
 Cases and answers are data: numbers, strings, bools, None, lists and dicts with string
 keys (tuples become lists; tensors and arrays ``.tolist()``; sets sorted lists). This
@@ -138,8 +142,15 @@ def draw_cases(cases: Callable[[random.Random], Iterable], seed: int | str) -> l
 
 @contextlib.contextmanager
 def _spy(names: Iterable[str]) -> Iterator[list[str]]:
-    """The forbidden names that ran inside the block, however reached
-    (:func:`perflab.labs.checking.watch_calls`); perflab is imported only when asked."""
+    """The forbidden names that ran inside the block, however reached, in any thread,
+    child process or copy of their code (:func:`perflab.labs.checking.watch_calls`; read
+    the list after the block: children's hits arrive at its end); perflab is imported
+    only when asked.
+
+    Raises:
+        ValueError: a name is not a public perflab name or importable dotted path, or
+            names something the spy cannot see run (a class written in C).
+    """
     names = list(names)
     if not names:
         yield []
@@ -209,9 +220,14 @@ def judge_answers(judge: Callable[[Any, Any], None], cases: list, facts: Any) ->
                            "your answers could not be read (tampered or crashed)",
                            tampered=True)
     delegated = [str(d)[:80] for d in facts.get("delegated", [])]
-    if delegated:
-        why = (f"the graded call ran perflab's {', '.join(delegated)}: the exercise asks "
-               "you to write it yourself")
+    ran = [d for d in delegated if not d.startswith("(")]
+    if ran:
+        named = ", ".join(d if "." in d else f"perflab's {d}" for d in ran)  # a.b: a library's
+        why = f"the graded call ran {named}: the exercise asks you to write it yourself"
+        return CaseOutcome(False, why, why)
+    if delegated:  # the spy's own notes, e.g. that a profiler switched it off
+        why = (f"the graded call could not be checked for delegation {delegated[0]}: "
+               "turn profilers and tracers off before your function returns")
         return CaseOutcome(False, why, why)
     for k, (case, rec) in enumerate(zip(cases, got), start=1):
         if not isinstance(rec, dict) or ("value" in rec) == ("error" in rec):

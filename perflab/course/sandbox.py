@@ -137,12 +137,15 @@ def allowed_paths() -> list[Path]:
 
 
 def grader_only_paths() -> list[Path]:
-    """Installed packages only the grader uses, hidden inside the sandbox (covered by an
-    empty tmpfs) even though the environment they live in is bound: nbgrader (its test
+    """What only the grader uses, hidden inside the sandbox (covered by an empty tmpfs)
+    even though the folder it lives in is bound: perflab's grader-only references
+    (:mod:`perflab.course.references`, what judges compare with) and nbgrader (its test
     notebooks carry ``### BEGIN SOLUTION`` regions; the graded kernel never imports it)."""
     import importlib.util
 
-    out = []
+    import perflab
+
+    out = [Path(perflab.__file__).resolve().parent / "course" / "references"]
     for name in ("nbgrader",):
         try:
             spec = importlib.util.find_spec(name)

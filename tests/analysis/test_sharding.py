@@ -18,7 +18,8 @@ from perflab.distributed import launch_fn
 from perflab.analysis.sharding import (
     COLLECTIVE_KINDS, count_collectives, local_nbytes, state_bytes,
 )
-from perflab.labs.lab09 import SHARDING_METHODS, sharding_rank, tasks_rank, unsharded_adamw
+from perflab.course.references.lab09 import unsharded_adamw
+from perflab.labs.lab09 import SHARDING_METHODS, sharding_rank, tasks_rank
 from perflab.models import mlp, mlp_batches
 from perflab.analysis.scaling import (
     core_label, scaling_configs, scaling_efficiency, scaling_table,

@@ -161,3 +161,35 @@ def test_an_answer_cell_cannot_read_the_course_repository(tmp_path):
     # without a sandbox the checkout is readable and the attack earns the point (so the
     # attack works); in the sandbox nothing of the checkout is there
     assert points == {"bwrap": 0, "none": 1}, points
+
+
+@needs_bwrap
+def test_the_graders_references_cannot_be_imported_in_the_sandbox(tmp_path):
+    """perflab.course.references (what judges compare with) is importable here, in the
+    grader, and covered by an empty tmpfs in the sandbox, like nbgrader."""
+    import sys
+
+    from perflab.course.references.lab10 import pipeline_reference_loss
+    from perflab.course.sandbox import SandboxLimits, run_sandboxed
+
+    assert pipeline_reference_loss(8, 2, 4, 0) > 0
+    code = ("import importlib, json\nout = {}\n"
+            "for name in ('perflab.course.references.lab10', 'perflab.course.references.lab09',"
+            " 'nbgrader.preprocessors', 'perflab.labs.lab10.models', 'perflab.course.cases'):\n"
+            "    try:\n        importlib.import_module(name)\n        out[name] = 'imported'\n"
+            "    except ImportError as e:\n        out[name] = type(e).__name__\n"
+            "print('RESULT ' + json.dumps(out))\n")
+    scratch = tmp_path / "s"
+    scratch.mkdir()
+    run = run_sandboxed([sys.executable, "-c", code], scratch=scratch,
+                        env={"PATH": "/usr/bin:/bin"}, log_path=tmp_path / "log.txt",
+                        limits=SandboxLimits(wall_timeout_s=120, memory_gib=4, nproc=64))
+    log = (tmp_path / "log.txt").read_text()
+    assert run.sandboxed and run.returncode == 0, log
+    (line,) = [ln for ln in log.splitlines() if ln.startswith("RESULT ")]
+    out = json.loads(line[len("RESULT "):])
+    assert out == {"perflab.course.references.lab10": "ModuleNotFoundError",
+                   "perflab.course.references.lab09": "ModuleNotFoundError",
+                   "nbgrader.preprocessors": "ModuleNotFoundError",
+                   "perflab.labs.lab10.models": "imported",
+                   "perflab.course.cases": "imported"}, out

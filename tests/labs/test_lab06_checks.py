@@ -7,8 +7,9 @@ differently passes, wrong answers fail on a hidden case.
 * the data-parallel file (a sum instead of an average, blocking or late allreduces,
   buckets in the wrong order or with the wrong cap, an over-cap parameter given a bucket
   of its own, a first-bucket cap ignored, a wrapper around DDP, an fp32 or borrowed
-  hook): a live run, plus ``bucket_assignment`` on drawn size lists judged against
-  torch's ``_compute_bucket_assignment_by_size``. The lab's one launch runs the student's file on the check
+  hook): a live run, plus ``bucket_assignment`` on drawn size lists judged against torch's
+  ``_compute_bucket_assignment_by_size``, which the answer may not call (the graded
+  call forbids it: a C function, seen by the spy's C calls). The lab's one launch runs the student's file on the check
   model and on a second MLP with caps that make 1, 2 and 3 buckets; the graded part
   reads what the ranks recorded and the grader recomputes the ranks' mean gradient and
   DDP's bucket assignment on its side. Here one launch runs every file on those runs,
@@ -181,6 +182,19 @@ _HONEST_ASSIGNMENT = (
     "            out.append(list(range(start, i + 1)))\n"
     "            start, total = i + 1, 0\n"
     "    return out + ([list(range(start, len(param_bytes)))] if start < len(param_bytes) else [])\n")
+
+
+#: bucket_assignment handed to torch's C++ rule (the grader's own reference)
+_TORCH_RULE = (
+    "    sizes = [torch.empty(n, dtype=torch.uint8) for n in param_bytes]\n"
+    "    caps = [bucket_cap_bytes] if first_bucket_cap_bytes is None else [first_bucket_cap_bytes, bucket_cap_bytes]\n"
+    "    buckets, _ = dist._compute_bucket_assignment_by_size(sizes, caps, [False] * len(sizes),\n"
+    "                                                         list(range(len(sizes))))\n"
+    "    return [list(b) for b in buckets]\n")
+
+
+_ASSIGNMENT_BODY = _REF[_REF.index("    buckets, bucket, size = [], [], 0\n"):
+                        _REF.index("    ### END SOLUTION\n\n\nclass MyDDP")]
 
 
 def _honest_file() -> str:
@@ -518,6 +532,70 @@ def test_assignment_cases_and_torch_rule(seed):
         mod = _student_module(name)
         assert any(mod.bucket_assignment(c["param_bytes"], c["cap"], c["first_cap"])
                    != grader["lab06_torch_assignment"](c) for c in cases), (name, seed)
+
+
+def _assignment_verdict(src: str, seed=0):
+    """check_my_ddp's graded part on its drawn size lists only (no launch), for the
+    student file ``src``: the probe (with its forbid spy) run here as the sandbox runs it,
+    judged apart."""
+    import contextlib
+    import io
+    import random
+
+    from perflab.course.cases import judge_answers
+    from perflab.course.checks import graded_functions, graded_probe, parse_facts
+
+    check = split_check(LAB.cells["check_my_ddp"])
+    _, judge = graded_functions(check.graded, "check_my_ddp")
+    cases = _grader("check_my_ddp")["lab06_assignment_cases"](random.Random(seed))
+    mod = types.ModuleType("ddp_student")
+    exec(compile(src, "ddp_student.py", "exec"), mod.__dict__)  # noqa: S102
+    ns, out = {"__name__": "__main__", "ddp_student": mod}, io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(graded_probe(check.graded, cases), "<probe>", "exec"), ns)  # noqa: S102
+    facts, why = parse_facts(out.getvalue())
+    assert facts is not None, why
+    return judge_answers(judge, cases, facts)
+
+
+@pytest.mark.parametrize("name", ["reference", "honest"])
+def test_own_bucket_rule_passes_the_drawn_lists(name):
+    outcome = _assignment_verdict(STUDENT_FILES[name][0], seed="grade:ada")
+    assert outcome.passed, outcome.message
+
+
+#: issue 33: bucket_assignment handed to torch's own rule (the judge's reference), reached
+#: by its name, by an alias bound at import, or from torch._C
+TORCH_RULE_FILES = {
+    "by name": _REF.replace(_ASSIGNMENT_BODY, _TORCH_RULE),
+    "an alias": _REF.replace(_ASSIGNMENT_BODY, _TORCH_RULE.replace("dist._compute_bucket_assignment_by_size", "_rule")) + (
+        "\nfrom torch.distributed import _compute_bucket_assignment_by_size as _rule\n"),
+    "torch._C": _REF.replace(_ASSIGNMENT_BODY, _TORCH_RULE.replace(
+        "dist._compute", "torch._C._distributed_c10d._compute")),
+}
+
+
+@pytest.mark.parametrize("how", sorted(TORCH_RULE_FILES))
+def test_bucket_rule_that_calls_torchs_fails_naming_it(how):
+    """torch's C++ rule gives the right buckets (it is the judge's reference) and passes
+    the examples; the graded call forbids it, and the spy sees the C call however it was
+    reached."""
+    src = TORCH_RULE_FILES[how]
+    mod = types.ModuleType("ddp_student")
+    exec(compile(src, "ddp_student.py", "exec"), mod.__dict__)  # noqa: S102
+    assert mod.bucket_assignment([100, 500, 100, 100], 200) == [[0, 1], [2, 3]]
+    assert mod.bucket_assignment([100] * 5, 300, 100) == [[0], [1, 2, 3], [4]]
+    outcome = _assignment_verdict(src)
+    assert not outcome.passed, how
+    assert "_compute_bucket_assignment_by_size" in outcome.message, outcome.message
+
+
+def test_bucket_check_states_what_it_forbids():
+    name = "torch.distributed._compute_bucket_assignment_by_size"
+    assert name in split_check(LAB.cells["check_my_ddp"]).graded.forbid
+    text = next(c.source for c in LAB.nb.cells if c.cell_type == "markdown"
+                and "**Exercise 3 — `bucket_assignment`" in c.source)
+    assert f"`{name}`" in text
 
 
 def test_assignment_examples_are_torchs():

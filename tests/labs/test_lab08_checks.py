@@ -3,7 +3,10 @@ the answer, the student's code on hidden cases drawn in the grader, here in this
 standing in for the kernel, the answers as JSON, the judge apart; tests/labs/labcheck.py).
 The reference solutions pass at several seeds, an honest answer written differently
 passes, and typical mistakes, answers written for the examples only and answers that
-only delegate to perflab fail. The report check runs on a fixed, made-up run (an
+only delegate to perflab or to the library call the judge uses fail (``FlopCounterMode`` for
+the analytic FLOPs, ``torch.utils.benchmark.Timer`` for the timer; a timer returning equal
+values, an average or a running total fails on hidden steps whose sleeps change from call
+to call). The report check runs on a fixed, made-up run (an
 ablation table, MFU rows, a roofline, a placement and a memory peak), so no test here
 times anything; the glue (perflab.labs.lab08) is tested at the end.
 """
@@ -104,6 +107,34 @@ def time_steps(step, warmup=WARMUP, iters=ITERS):
         step()
     return [(time.perf_counter() - t) / iters] * iters
 """,
+    # issue 33: right call counts and above every lower bound, but no timing at all
+    "a constant list": """
+def time_steps(step, warmup=WARMUP, iters=ITERS):
+    for _ in range(warmup + iters):
+        step()
+    return [1.0] * iters
+""",
+    # the clock read once before the timed steps: the time since then, not each step's
+    "a running total": """
+def time_steps(step, warmup=WARMUP, iters=ITERS):
+    for _ in range(warmup):
+        step()
+    start, times = time.perf_counter(), []
+    for _ in range(iters):
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+""",
+    # each step timed, then sorted: the times are no longer the calls'
+    "sorted times": """
+def time_steps(step, warmup=WARMUP, iters=ITERS):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+    return sorted(times)
+""",
 }
 TRAINING_WRONG = {
     "channels_last on the model only": ("            if x.dim() == 4:\n                x = x.contiguous(memory_format=layout)\n",
@@ -187,6 +218,29 @@ def test_wrong_timer_fails(ns, name):
     assert v.message.startswith("hidden case"), v.message
 
 
+@pytest.mark.parametrize("name", ["a constant list", "a running total"])
+def test_fake_timer_fails_the_self_check(ns, name):
+    """The visible example already has a long first timed call and short ones after it."""
+    scope = dict(ns)
+    LAB.run_code(scope, TIMER_WRONG[name])
+    with pytest.raises(AssertionError, match="time each call"):
+        LAB.run_code(scope, LAB.cells["check_timer"].split("### BEGIN HIDDEN TESTS")[0])
+
+
+def test_timer_hidden_steps_sleep_differently_per_call():
+    """Every hidden case's timed calls start with a long sleep and have at least two
+    short ones (so a running total and any constant fail), at several seeds."""
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions, split_check
+
+    cases_fn, _ = graded_functions(split_check(LAB.cells["check_timer"]).graded, "check_timer")
+    for seed in (0, 1, "grade:ada", "grade:bo"):
+        for case in draw_cases(cases_fn, seed):
+            timed = case["sleep_ms"][case["warmup"]:]
+            assert len(case["sleep_ms"]) == case["warmup"] + case["iters"]
+            assert timed[0] == max(timed) >= 15 and sum(t < max(timed) for t in timed) >= 2, case
+
+
 EXAMPLES_ONLY = {
     "check_analytic_flops": """
 def analytic_flops_resnet18(batch, image_size, num_classes):
@@ -229,6 +283,11 @@ from perflab.analysis.flops import mfu_pct
 def utilization(f, r, t, p):
     return mfu_pct(f, t, p) / 100, mfu_pct(f + r, t, p) / 100
 """,
+    ("check_timer", "measure"): """
+import perflab
+def time_steps(step, warmup=WARMUP, iters=ITERS):
+    return list(perflab.measure(step, warmup=warmup, repeats=iters).times_s)
+""",
     ("check_keep_change", "compare"): """
 import perflab
 from scipy import stats
@@ -245,6 +304,58 @@ def test_delegating_answer_fails(ns, check, helper):
     v = LAB.verdict(dict(ns), DELEGATING[check, helper], check)
     assert not v.passed, f"delegating to {helper} passed {check}"
     assert f"ran perflab's {helper}" in v.message, v.message
+
+
+#: issue 33: answers that hand the exercise to the library call the judge itself uses
+LIBRARY_SHORTCUTS = {
+    # the judge's own reference: FlopCounterMode over a real step of the model, on meta tensors
+    ("check_analytic_flops", "torch.utils.flop_counter.FlopCounterMode"): """
+def _counted(net, xs, ys):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        F.cross_entropy(net(xs).flatten(0, -2), ys).backward()
+    return counter.get_total_flops()
+
+def analytic_flops_resnet18(batch, image_size, num_classes):
+    with torch.device("meta"):
+        net = build_model("resnet18", num_classes)
+        return _counted(net, torch.randn(batch, 3, image_size, image_size),
+                        torch.zeros(batch, dtype=torch.long))
+
+def analytic_flops_gpt(batch, seq_len, n_layer, d_model, vocab_size):
+    from perflab.models import GPT
+    with torch.device("meta"):
+        net = GPT(vocab_size, n_layer, 2, d_model, seq_len)
+        return _counted(net, torch.zeros(batch, seq_len, dtype=torch.long),
+                        torch.zeros(batch * seq_len, dtype=torch.long))
+""",
+    # its formulas, fed the layer shapes by hand: the counting is torch's
+    ("check_analytic_flops", "torch.utils.flop_counter.conv_flop_count"): LAB.solution("analytic_flops").replace(
+        "            forward += 2 * cin * width * 9 * out * out + 2 * width * width * 9 * out * out\n",
+        "            from torch.utils.flop_counter import conv_flop_count\n"
+        "            forward += conv_flop_count([1, cin, h, h], [width, cin, 3, 3], [1, width, out, out])\n"
+        "            forward += conv_flop_count([1, width, out, out], [width, width, 3, 3], [1, width, out, out])\n"),
+    # torch's timer, one measurement per step (it adds calls of its own: the count is off too)
+    ("check_timer", "torch.utils.benchmark.Timer"): """
+import torch.utils.benchmark as benchmark
+def time_steps(step, warmup=WARMUP, iters=ITERS):
+    for _ in range(warmup):
+        step()
+    timer = benchmark.Timer("step()", globals={"step": step})
+    return [timer.timeit(1).mean for _ in range(iters)]
+""",
+}
+
+
+@pytest.mark.parametrize("check, api", sorted(LIBRARY_SHORTCUTS))
+def test_library_shortcut_fails_naming_it(ns, check, api):
+    scope = dict(ns)
+    LAB.run_code(scope, LIBRARY_SHORTCUTS[check, api])
+    if check == "check_analytic_flops":   # right on the examples: only the spy tells
+        LAB.run_code(dict(scope), LAB.cells[check].split("### BEGIN HIDDEN TESTS")[0])
+    v = LAB.judge(scope, check)
+    assert not v.passed, f"{api} passed {check}"
+    assert api in v.message, v.message
 
 
 HONEST = {

@@ -11,7 +11,9 @@ prefetching that points a block at itself, prefetches backward the wrong way, sk
 or sets nothing (the order of collectives recorded on 2 gloo ranks); a bytes-per-step prediction that misses a collective or only fits this lab's model; top-k
 without error feedback; a scaling efficiency without n, the batches or a real CI, a
 step model without compute/N or the ring's (N-1)/N. A counter that calls perflab's
-``state_bytes`` (or ``scaling_efficiency``) fails naming it."""
+``state_bytes`` (or ``scaling_efficiency``) fails naming it; a ZeRO-1 or ZeRO-2 that wraps
+torch's ``ZeroRedundancyOptimizer`` fails naming it (seen on the ranks, which record what
+ran while the student's optimizer was built and stepped)."""
 from __future__ import annotations
 
 import importlib
@@ -25,7 +27,8 @@ from tests.labs.labcheck import Lab, grade_reference_and_wrong
 from perflab.course.checks import split_check
 from perflab.distributed import launch_fn
 from perflab.models import mlp
-from perflab.labs.lab09 import sharding_rank, unsharded_adamw
+from perflab.course.references.lab09 import unsharded_adamw
+from perflab.labs.lab09 import sharding_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
@@ -92,17 +95,20 @@ def _module(tmp_path, monkeypatch, counter: str = _GOOD_COUNTER, zero1: str = _G
     return importlib.import_module(name)
 
 
-def _small2(held=(_FULL // 2 - 16, _FULL // 2 + 16), params=(_REF, _REF), counted=None):
+def _small2(held=(_FULL // 2 - 16, _FULL // 2 + 16), params=(_REF, _REF), counted=None,
+            delegated=([], [])):
     """What the launch's sharding task returns, per rank (the fields the checks read):
-    DDP and FSDP2's state as measured on 2 ranks, ZeRO-1's ``held`` bytes and ``params``;
-    ``counted`` (method -> per-rank) overrides the student's own counts."""
+    DDP and FSDP2's state as measured on 2 ranks, ZeRO-1's ``held`` bytes, ``params`` and
+    ``delegated`` (what the rank saw run of torch's sharding); ``counted`` (method ->
+    per-rank) overrides the student's own counts."""
     out = []
     for rank in range(len(held)):
         state = {"ddp": _FULL, "zero1": held[rank], "fsdp2": _FULL // 2 + 32}
         out.append({m: {"state": {"optimizer_bytes": b},
                         "student_optimizer_bytes": (counted or {}).get(m, [b] * 2)[rank],
                         "params": params[rank] if m == "zero1" else list(_REF),
-                        "largest_param_bytes": 4 * 1024}
+                        "largest_param_bytes": 4 * 1024,
+                        "delegated": list(delegated[rank]) if m == "zero1" else []}
                     for m, b in state.items()})
     return out
 
@@ -212,6 +218,36 @@ def test_zero1_other_balanced_split_passes():
 ])
 def test_zero1_wrong_records_fail(name, kw):
     _fails_on_a_hidden_case(NB.judge(_ns(**kw), "check_zero1"))
+
+
+_ZRO = "torch.distributed.optim.ZeroRedundancyOptimizer"
+
+
+@pytest.mark.parametrize("ranks_saw", [([_ZRO], [_ZRO]), ([], ["torch.distributed.fsdp.fully_shard"])])
+def test_zero1_records_of_torchs_sharding_fail_naming_it(ranks_saw):
+    """Right parameters and balanced state, but a rank saw torch's sharding run inside
+    MyZero1 (what a ZeroRedundancyOptimizer wrapper records): the self-check and the
+    graded part fail, naming it."""
+    name = next(n for seen in ranks_saw for n in seen)
+    ns = _ns(delegated=ranks_saw)
+    with pytest.raises(AssertionError, match=name.rsplit(".", 1)[1]):
+        NB.run_code(dict(ns), split_check(NB.cells["check_zero1"]).probe)
+    verdict = NB.judge(ns, "check_zero1")
+    _fails_on_a_hidden_case(verdict)
+    assert name in verdict.message, verdict.message
+
+
+def test_zero_checks_forbid_torchs_sharding_in_the_graded_call_and_the_text():
+    """The exercise says which torch APIs it forbids, and the graded calls name the same
+    ones as the ranks watch for (perflab.labs.lab09.ZERO_FORBIDDEN)."""
+    from perflab.labs.lab09 import ZERO_FORBIDDEN
+
+    for gid in ("check_zero1", "check_zero2"):
+        assert split_check(NB.cells[gid]).graded.forbid == ZERO_FORBIDDEN, gid
+    text = next(c.source for c in NB.nb.cells if c.cell_type == "markdown"
+                and "**Exercise 2 — `MyZero1`" in c.source)
+    for name in ("ZeroRedundancyOptimizer", "fully_shard", "FullyShardedDataParallel"):
+        assert f"{name}`" in text.split("**Write ZeRO yourself", 1)[1], name
 
 
 # -- check_predict_bytes ----------------------------------------------------------------------------
@@ -374,6 +410,22 @@ def test_error_feedback_written_for_the_example_fails():
 
 
 # -- wrong student code, run on ranks, judged as grading judges it -------------------------------------
+_ZERO_REDUNDANCY_WRAPPER = '''
+class MyZero1:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        self.params = list(params)
+        self._zero = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.AdamW,
+                                             lr=lr, weight_decay=weight_decay)
+        self.local_optimizer = self._zero.optim
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self._zero.step()
+'''
 _ROUND_ROBIN = _GOOD_ZERO1.replace("self.owner[i] = load.index(min(load))", "self.owner[i] = i % ws")
 
 WRONG = {
@@ -391,6 +443,9 @@ WRONG = {
     # a DTensor's global size (numel of the DTensor itself) instead of the local shard
     "global_dtensor": (_GOOD_ZERO1, _GOOD_COUNTER.replace("value = value.to_local()", "pass"),
                        {"check_state_bytes"}),
+    # torch's ZeRO-1 under the student's name: right parameters, balanced state (torch's
+    # partition is the same greedy rule), the same all-reduce + broadcasts; seen on the ranks
+    "zero_redundancy_wrapper": (_ZERO_REDUNDANCY_WRAPPER, _GOOD_COUNTER, {"check_zero1"}),
 }
 
 
@@ -407,6 +462,8 @@ def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch):
         assert verdict.passed == (gid not in failing), (name, gid, verdict.message)
         if not verdict.passed:
             assert verdict.message.startswith("hidden case"), verdict.message
+            if name == "zero_redundancy_wrapper":
+                assert "ZeroRedundancyOptimizer" in verdict.message, verdict.message
 
 
 @slow
@@ -540,6 +597,13 @@ class MyZero2:
         "        mine = torch.empty_like(self.shard)\n"
         "        dist.reduce_scatter_tensor(mine, grads)\n"
         "        self.shard.grad = mine\n")),
+    # torch's ZeRO-1 under the ZeRO-2 name: seen on the ranks (and its collectives differ)
+    "wraps ZeroRedundancyOptimizer": _ZERO_REDUNDANCY_WRAPPER.replace("MyZero1", "MyZero2").replace(
+        "        self._zero.step()\n",
+        "        for p in self.params:\n"
+        "            dist.all_reduce(p.grad)\n"
+        "            p.grad /= dist.get_world_size()\n"
+        "        self._zero.step()\n"),
 }
 
 
@@ -570,7 +634,14 @@ def test_zero2_honest_variant_passes(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", sorted(WRONG_ZERO2))
 def test_wrong_zero2_fails(name, tmp_path, monkeypatch):
     ns = _zero2_ns(tmp_path, monkeypatch, WRONG_ZERO2[name])
-    _fails_on_a_hidden_case(NB.judge(ns, "check_zero2"))
+    verdict = NB.judge(ns, "check_zero2")
+    if "ZeroRedundancyOptimizer" in name:
+        # named twice over: the lab's launch recorded it on the ranks ("delegated"), and the
+        # graded call's own launch runs under its forbid spy, which reaches spawned ranks
+        assert not verdict.passed and "ZeroRedundancyOptimizer" in verdict.message, verdict
+        assert all(r["zero2"]["delegated"] == [_ZRO] for r in ns["small2"])
+        return
+    _fails_on_a_hidden_case(verdict)
 
 
 def test_zero2_solution_calls_the_collectives_itself():

@@ -3,7 +3,10 @@ here as grading runs it (the student's code in the "kernel", the judge apart, an
 JSON). The reference solution passes at several seeds, an honest variant written
 differently passes, and wrong *student code* fails on a hidden case: a tensor-parallel
 block missing the backward all-reduce (Megatron's f), one missing the forward all-reduce
-(g), one adding b2 on every rank before the reduce; a ``parallel_mlp`` that does not
+(g), one adding b2 on every rank before the reduce, one built with torch's
+``parallelize_module`` (right numbers: the ranks record that it ran), one that all-reduces
+outside its own autograd Functions (right numbers: the ranks record where each all-reduce
+came from); a ``parallel_mlp`` that does not
 parallelize; an α-β model that forgets the backward all-reduce or the ring factor; a
 2-D layout that sums the replicas' gradients or never all-reduces them, an accounting that
 shards the replicated bias or forgets the backward all-reduce; a pipeline returning the
@@ -132,7 +135,31 @@ WRONG_TP = {
     # b2 added on every rank before the reduce: counted world_size times
     "bias_before_reduce": TP_GOOD.replace(
         _BIAS_AFTER, "        return ReduceFromParallel.apply(partial + self.fc2.bias)\n"),
+    # issue 33: torch's tensor parallelism under the student's name: every number right
+    "parallelize_module": TP_GOOD + '''
+
+class ShardedMLP(torch.nn.Module):
+    def __init__(self, block, rank, world_size):
+        super().__init__()
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cpu", (world_size,))
+        self.block = parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        self.fc1, self.fc2 = self.block[0], self.block[2]
+
+    def forward(self, x):
+        return self.block(x)
+''',
+    # g's all-reduce done in place in the module's forward, outside any autograd Function
+    # (identity backward by accident): right numbers, not the student's own g
+    "all_reduce_outside_a_function": TP_GOOD.replace(_BIAS_AFTER, (
+        "        with torch.no_grad():\n"
+        "            dist.all_reduce(partial)\n"
+        "        return partial + self.fc2.bias\n")),
 }
+#: wrong answers whose numbers are right: only what the ranks saw tells them apart
+TP_RIGHT_NUMBERS = {"parallelize_module": "parallelize_module",
+                    "all_reduce_outside_a_function": "the forward's all-reduces"}
 _AVERAGE = "        local /= replicas\n"
 WRONG_DP = {
     # sums the replicas' gradients: twice the average
@@ -295,6 +322,43 @@ def test_wrong_tp_block_fails(name, launched, monkeypatch):
     _fails_on_a_hidden_case(verdict)
     if name == "no_backward_allreduce":
         assert "dL/dx" in verdict.message, verdict.message
+    if name in TP_RIGHT_NUMBERS:
+        assert TP_RIGHT_NUMBERS[name] in verdict.message, verdict.message
+
+
+@slow
+def test_ranks_record_the_students_own_all_reduces(launched):
+    """What HandTPTrace saw on the ranks: the reference's and the honest variant's f and g
+    each issue one all-reduce of the output's bytes, from their own autograd.Function;
+    parallelize_module's block issues none of them (DTensor's are functional collectives)
+    and is named; the in-place all-reduce is seen, but not as the student's Function's."""
+    for q in range(2):
+        for variant in ("tp_good", "tp_honest"):
+            for case, rec in zip(_hidden("check_tp_hand", 0)[0]["cases"], launched[variant][0][q]["hand"]):
+                n = 4 * case["batch"] * case["seq"] * case["d"]
+                assert rec["forward_all_reduces"] == rec["backward_all_reduces"] == [[n, True]], rec
+                assert rec["delegated"] == [] == rec["build_all_reduces"], rec
+        rec = launched["tp_parallelize_module"][0][q]["hand"][0]
+        assert "torch.distributed.tensor.parallel.parallelize_module" in rec["delegated"]
+        assert rec["forward_all_reduces"] == [] == rec["backward_all_reduces"]
+        rec = launched["tp_all_reduce_outside_a_function"][0][q]["hand"][0]
+        assert [own for _, own in rec["forward_all_reduces"]] == [False] and rec["delegated"] == []
+
+
+def test_tp_hand_states_and_forbids_torchs_tensor_parallelism():
+    """The exercise text names the forbidden APIs; the graded call forbids those that
+    resolve by name, and the ranks watch for all of them (HAND_TP_FORBIDDEN)."""
+    from perflab.labs.checking import resolve
+    from perflab.labs.lab10.ranks import HAND_TP_FORBIDDEN
+
+    forbid = split_check(NB.cells["check_tp_hand"]).graded.forbid
+    assert forbid and set(forbid) <= set(HAND_TP_FORBIDDEN)
+    for name in forbid:
+        resolve(name)
+    text = next(c.source for c in NB.nb.cells if c.cell_type == "markdown"
+                and "### Exercise 1 — `ShardedMLP`" in c.source)
+    for name in HAND_TP_FORBIDDEN:
+        assert name.rsplit(".", 1)[-1] in text, name
 
 
 @slow

@@ -38,3 +38,33 @@ def test_bad_names_are_refused(name, match):
     with pytest.raises(ValueError, match=match):
         with calls_to(name):
             pass
+
+
+def test_resolve_finds_a_name_whose_module_another_import_loaded_first():
+    """In a fresh interpreter, importing an earlier library module loads
+    ``perflab.train.step`` as a side effect; the look-up used to skip it then (so Lab 08's
+    ``forbid=["build_training"]`` raised in a fresh kernel)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c",
+                          "from perflab.labs.checking import resolve\n"
+                          "print(resolve('build_training').__module__)"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "perflab.train.step", out.stderr[-2000:]
+
+
+def test_watch_calls_records_a_helper_however_reached_and_only_once():
+    from perflab.labs.checking import resolve, watch_calls
+
+    real = resolve("compare")
+    alias = real
+    m = perflab.Measurement("a", (0.1, 0.2, 0.3))
+
+    def closure(fn=alias):
+        return fn(m, m)
+
+    with watch_calls({"compare": real}) as seen:
+        closure()
+        measurement.compare(m, m)
+    assert seen == ["compare"]

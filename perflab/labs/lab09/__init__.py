@@ -9,7 +9,11 @@ Each function named ``*_rank`` is what every rank runs under
   ``fully_shard``) and
   measures, per rank: model-state bytes (:func:`perflab.analysis.sharding.state_bytes`), the peak
   memory (:func:`perflab.core.memory.read_peak`, reset per method), collective bytes per step
-  (:class:`perflab.analysis.sharding.count_collectives`) and the losses.
+  (:class:`perflab.analysis.sharding.count_collectives`) and the losses. While the
+  student's optimizers are built and stepped, it records whether torch's own sharding
+  ran (:data:`ZERO_FORBIDDEN`, seen by :func:`perflab.labs.checking.watch_calls` on the
+  rank): the records say so even for the lab's own launch, which runs outside any graded
+  call and so out of reach of the graded call's spy.
 * :func:`fsdp2_rank`: applies the student's FSDP2 configuration (``my_fully_shard`` from
   their file: ``fully_shard`` per block and at the root, a ``MixedPrecisionPolicy``,
   ``reshard_after_forward``) to :func:`perflab.models.mlp` models and measures, per rank,
@@ -40,8 +44,8 @@ from perflab.analysis.scaling import scaling_rank
 from perflab.models import mlp, mlp_batches
 from perflab.labs.lab09.prefetch import prefetch_order_rank
 
-__all__ = ["unsharded_adamw", "sharding_rank", "SHARDING_METHODS", "fsdp2_rank", "tasks_rank",
-           "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
+__all__ = ["sharding_rank", "SHARDING_METHODS", "ZERO_FORBIDDEN", "fsdp2_rank",
+           "tasks_rank", "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
 
 #: The shipped recording of 1-, 2- and 4-rank weak and strong scaling runs
 #: (perflab/recordings/, written by :func:`record_scaling`).
@@ -59,33 +63,12 @@ SHARDING_METHODS = {
 }
 
 
-def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: int, *,
-                    lr: float = 1e-2, weight_decay: float = 0.01, seed: int = 0,
-                    with_state: bool = False) -> Any:
-    """The reference: one process, plain ``torch.optim.AdamW``, the global batch
-    (``world_size`` ranks' batches of :func:`perflab.models.mlp_batches`, concatenated).
-
-    Returns:
-        The fp32 parameters after ``steps`` steps, flattened in ``model.parameters()``
-        order (a list of floats); with ``with_state``, ``(params, exp_avg, exp_avg_sq)``,
-        AdamW's two buffers flattened in the same order (Loshchilov & Hutter 2019;
-        ``torch/optim/adamw.py``).
-    """
-    model = mlp(sizes, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    per_rank = [mlp_batches(sizes, batch, steps, r, seed) for r in range(world_size)]
-    for s in range(steps):
-        x = torch.cat([per_rank[r][s][0] for r in range(world_size)])
-        y = torch.cat([per_rank[r][s][1] for r in range(world_size)])
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    params = list(model.parameters())
-    flat = torch.cat([p.detach().flatten() for p in params]).tolist()
-    if not with_state:
-        return flat
-    return (flat, *(torch.cat([opt.state[p][k].flatten() for p in params]).tolist()
-                    for k in ("exp_avg", "exp_avg_sq")))
+#: What Exercises 2 and 2b ask the student to write themselves: torch's sharded optimizers.
+#: ``sharding_rank`` records any of them that runs while the student's ``MyZero1`` /
+#: ``MyZero2`` is built and stepped (``"delegated"``); the checks fail such a run.
+ZERO_FORBIDDEN = ("torch.distributed.optim.ZeroRedundancyOptimizer",
+                  "torch.distributed.fsdp.fully_shard",
+                  "torch.distributed.fsdp.FullyShardedDataParallel")
 
 
 def _build(method: str, model: torch.nn.Module, device: torch.device, lr: float,
@@ -151,7 +134,9 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         "peak_bytes", "peak_label", "comm_per_step": count_collectives.summary,
         "comm_calls_per_step", "losses", "params" (flat list or None), "exp_avg" (the
         local optimizer's ``exp_avg`` buffers flattened in its parameter order, a list of
-        floats, for "zero1" and "zero2" only; None otherwise)}``.
+        floats, for "zero1" and "zero2" only; None otherwise), "delegated" (the names in
+        :data:`ZERO_FORBIDDEN` that ran while the student's optimizer was built and
+        stepped, for "zero1" and "zero2"; ``[]`` otherwise)}``.
 
     Raises:
         ValueError: an unknown method, steps < 2, or "zero1" / "zero2" without
@@ -177,19 +162,20 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         model = mlp(sizes, seed).to(dev)
         shapes = [p.numel() for p in model.parameters()]
         was_reset = reset_peak(dev)
-        module, opt, holder = _build(method, model, dev, lr, weight_decay, student)
         losses: list[float] = []
-        with count_collectives() as comm:
-            for s, (x, y) in enumerate(data):
-                if s == 1:  # from the second step on: the steady state
-                    comm.calls.clear()
-                    comm.bytes.clear()
-                loss = torch.nn.functional.cross_entropy(module(x), y)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-                if s < steps - 1:
-                    opt.zero_grad(set_to_none=True)
+        with _watch_student(method in ("zero1", "zero2")) as delegated:
+            module, opt, holder = _build(method, model, dev, lr, weight_decay, student)
+            with count_collectives() as comm:
+                for s, (x, y) in enumerate(data):
+                    if s == 1:  # from the second step on: the steady state
+                        comm.calls.clear()
+                        comm.bytes.clear()
+                    loss = torch.nn.functional.cross_entropy(module(x), y)
+                    loss.backward()
+                    opt.step()
+                    losses.append(float(loss.detach()))
+                    if s < steps - 1:
+                        opt.zero_grad(set_to_none=True)
         measured = state_bytes(model, holder)  # grads of the last step still held
         peak = read_peak(dev, was_reset=was_reset)
         params = None
@@ -205,9 +191,23 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
             "comm_per_step": comm.summary(steps - 1),
             "comm_calls_per_step": {k: v / (steps - 1) for k, v in comm.calls.items()},
             "losses": losses, "params": params,
-            "exp_avg": _exp_avg(holder) if method in ("zero1", "zero2") else None}
+            "exp_avg": _exp_avg(holder) if method in ("zero1", "zero2") else None,
+            "delegated": sorted(delegated)}
         dist.barrier()
     return out
+
+
+def _watch_student(student_code: bool) -> Any:
+    """A context manager yielding the names of :data:`ZERO_FORBIDDEN` that run inside it
+    (however reached: :func:`perflab.labs.checking.watch_calls`) when ``student_code``;
+    otherwise nothing is watched (DDP, FSDP2 and torch's ZeRO-1 are perflab's own runs)."""
+    import contextlib
+
+    from perflab.labs.checking import resolve, watch_calls
+
+    if not student_code:
+        return contextlib.nullcontext([])
+    return watch_calls({name: resolve(name) for name in ZERO_FORBIDDEN})
 
 
 def _exp_avg(optimizer: Any) -> list[float] | None:

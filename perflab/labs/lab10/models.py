@@ -1,13 +1,12 @@
-"""Lab 10's models, seeded inputs and unsharded references (what a judge recomputes).
+"""Lab 10's models and seeded inputs (the unsharded references a judge recomputes live on
+the grader's side: :mod:`perflab.course.references.lab10`).
 
 * :func:`mlp_block`: a transformer MLP block ``Linear(d, 4d) -> GELU -> Linear(4d, d)``
   (Vaswani et al. 2017, section 3.3; GPT-2's ``c_fc``/``c_proj``), the block that
   Megatron-LM splits column- then row-wise (Shoeybi et al. 2019, arXiv:1909.08053, §3).
-* :func:`tp_tensors` and :func:`tp_reference`: one tensor-parallel case's input and
-  upstream gradient, and the unsharded block's output and gradients on them.
-* :func:`pipeline_model`, :func:`pipeline_batch`, :func:`pipeline_reference_loss`: the
-  pipeline section's model (identical blocks, so stages split evenly), its batch and the
-  unsplit model's loss.
+* :func:`tp_tensors`: one tensor-parallel case's input and upstream gradient.
+* :func:`pipeline_model`, :func:`pipeline_batch`: the pipeline section's model
+  (identical blocks, so stages split evenly) and its batch.
 * :class:`SimulatedWork`: a module whose forward and backward *sleep* for a time per row,
   so that a stage's compute has a known length on a loaded shared CPU (like Lab 07's
   injected straggler delay); the pipeline's schedule, not the cores, then decides idle time.
@@ -19,8 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["mlp_block", "tp_tensors", "tp_reference", "SimulatedWork", "pipeline_model",
-           "pipeline_batch", "pipeline_reference_loss"]
+__all__ = ["mlp_block", "tp_tensors", "SimulatedWork", "pipeline_model", "pipeline_batch"]
 
 
 def mlp_block(d: int, seed: int = 0) -> torch.nn.Sequential:
@@ -54,22 +52,6 @@ def tp_tensors(case: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + int(case.get("input_seed", case["seed"])))
     shape = (int(case["batch"]), int(case["seq"]), int(case["d"]))
     return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-
-
-def tp_reference(case: dict[str, int]) -> dict[str, Any]:
-    """The unsharded block on one case: ``{"out", "x_grad", "fc1_weight_grad",
-    "fc1_bias_grad", "fc2_weight_grad", "fc2_bias_grad"}`` as float32 tensors (full
-    shapes: ``fc1.weight`` is ``(4d, d)``, ``fc2.weight`` ``(d, 4d)``), from
-    ``y = block(x)`` and ``y.backward(dL/dy)`` (:func:`tp_tensors`)."""
-    block = mlp_block(int(case["d"]), int(case["seed"]))
-    x, grad_out = tp_tensors(case)
-    x.requires_grad_(True)
-    out = block(x)
-    out.backward(grad_out)
-    fc1, fc2 = block[0], block[2]
-    return {"out": out.detach(), "x_grad": x.grad, "fc1_weight_grad": fc1.weight.grad,
-            "fc1_bias_grad": fc1.bias.grad, "fc2_weight_grad": fc2.weight.grad,
-            "fc2_bias_grad": fc2.bias.grad}
 
 
 class _Sleep(torch.autograd.Function):
@@ -136,12 +118,3 @@ def pipeline_batch(width: int, batch: int, seed: int) -> tuple[torch.Tensor, tor
     """``x (batch, width)`` float32 and labels ``y (batch,)`` int64 in ``[0, width)``, seeded."""
     g = torch.Generator().manual_seed(2000 + int(seed))
     return torch.randn(batch, width, generator=g), torch.randint(0, width, (batch,), generator=g)
-
-
-def pipeline_reference_loss(width: int, blocks: int, batch: int, seed: int) -> float:
-    """Cross-entropy (mean over the batch) of the unsplit :func:`pipeline_model` on
-    :func:`pipeline_batch`: what a pipelined step's loss must equal, since equal
-    micro-batches' mean losses average to the batch's mean loss."""
-    x, y = pipeline_batch(width, batch, seed)
-    with torch.no_grad():
-        return float(torch.nn.functional.cross_entropy(pipeline_model(width, blocks, seed)(x), y))

@@ -16,10 +16,19 @@ the calling process.
 
 A case that raises in the student's code is returned as ``{"error": "Type: message"}``
 (the notebook and the judges show it), so one bad case does not hide the others.
+
+Exercise 1 asks for Megatron's f and g written by hand: while the student's
+``ShardedMLP`` is built and runs, the rank records every ``torch.distributed.all_reduce``
+(:class:`HandTPTrace`: its bytes, and whether one of the student's own
+``torch.autograd.Function`` s issued it) and whether torch's tensor parallelism ran
+(:data:`HAND_TP_FORBIDDEN`, watched by :func:`perflab.labs.checking.watch_calls`): the
+records say so even when the ranks were launched outside a graded call (the lab's own
+launch), where no spy of the notebook's reaches them.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -33,7 +42,79 @@ from perflab.labs.lab10.comm import count_functional_collectives
 from perflab.labs.lab10.models import mlp_block, pipeline_batch, pipeline_model, tp_tensors
 
 __all__ = ["import_student", "shard_compute_s", "tp_rank", "pp_rank", "lab10_rank",
-           "hand_tp_on_ranks", "pipeline_on_ranks"]
+           "hand_tp_on_ranks", "pipeline_on_ranks", "HandTPTrace", "HAND_TP_FORBIDDEN"]
+
+#: torch's tensor parallelism, which Exercise 1 (``ShardedMLP``) may not use: it is
+#: Exercise 2's answer. Dotted paths (the last names a class's attribute).
+HAND_TP_FORBIDDEN = ("torch.distributed.tensor.parallel.parallelize_module",
+                     "torch.distributed.tensor.distribute_tensor",
+                     "torch.distributed.tensor.distribute_module",
+                     "torch.distributed.tensor.DTensor.from_local")
+
+
+def _object_at(path: str) -> Any:
+    """The object a dotted path names: a module attribute, or a class's attribute."""
+    module, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError:
+        return getattr(_object_at(module), attr)
+
+
+def _code_of(fn: Any) -> Any:
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    return getattr(fn, "__code__", None)
+
+
+class HandTPTrace:
+    """While open, on this rank (``sys.setprofile``, this thread; CPU autograd runs the
+    backward in the calling thread): every ``torch.distributed.all_reduce`` however it is
+    reached (an alias, ``distributed_c10d``'s own name), as ``[bytes, own]`` with ``own``
+    True when a ``forward`` or ``backward`` of a ``torch.autograd.Function`` subclass
+    defined in ``module`` is on the stack. A profile function already set (a
+    :func:`~perflab.labs.checking.watch_calls` spy) keeps getting every event.
+
+    Attributes:
+        all_reduces: ``[[bytes, own], ...]`` in call order.
+    """
+
+    def __init__(self, module: Any) -> None:
+        import torch.distributed as dist
+
+        self.all_reduces: list[list] = []
+        self._all_reduce = _code_of(dist.all_reduce)
+        self._own = set()
+        todo = list(torch.autograd.Function.__subclasses__())
+        while todo:
+            cls = todo.pop()
+            todo.extend(cls.__subclasses__())
+            if cls.__module__ == module.__name__:
+                for method in ("forward", "backward"):
+                    code = _code_of(cls.__dict__.get(method))
+                    if code is not None:
+                        self._own.add(code)
+        self._outer: Any = None
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if code is self._all_reduce:
+                tensor = frame.f_locals.get("tensor")
+                nbytes = tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
+                caller, own = frame.f_back, False
+                while caller is not None and not own:
+                    own, caller = caller.f_code in self._own, caller.f_back
+                self.all_reduces.append([int(nbytes), own])
+        if self._outer is not None:
+            self._outer(frame, event, arg)
+
+    def __enter__(self) -> "HandTPTrace":
+        self._outer = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self._outer)
 
 
 def import_student(module: str) -> Any:
@@ -59,20 +140,31 @@ def _local(t: torch.Tensor | None) -> list | None:
 
 
 def _hand_case(student: Any, case: dict[str, int], rank: int, world: int) -> dict[str, Any]:
+    """The student's ``ShardedMLP`` on one case: its output, gradients and collectives
+    (``count_collectives``), and what :class:`HandTPTrace` saw while it was built
+    (``"build_all_reduces"``), ran forward (``"forward_all_reduces"``) and backward
+    (``"backward_all_reduces"``), and which of :data:`HAND_TP_FORBIDDEN` ran
+    (``"delegated"``: the spy's labels)."""
+    from perflab.labs.checking import watch_calls
+
     block = mlp_block(int(case["d"]), int(case["seed"]))
     x, grad_out = tp_tensors(case)
     x.requires_grad_(True)
-    mine = student.ShardedMLP(block, rank, world)
-    with count_collectives() as fwd:
-        out = mine(x)
-    with count_collectives() as bwd:
-        out.backward(grad_out)
+    with watch_calls({name: _object_at(name) for name in HAND_TP_FORBIDDEN}) as delegated:
+        with HandTPTrace(student) as built:
+            mine = student.ShardedMLP(block, rank, world)
+        with count_collectives() as fwd, HandTPTrace(student) as fwd_seen:
+            out = mine(x)
+        with count_collectives() as bwd, HandTPTrace(student) as bwd_seen:
+            out.backward(grad_out)
     fc1, fc2 = mine.fc1, mine.fc2
     return {"out": _local(out), "x_grad": _local(x.grad),
             "fc1_weight_grad": _local(fc1.weight.grad), "fc1_bias_grad": _local(fc1.bias.grad),
             "fc2_weight_grad": _local(fc2.weight.grad), "fc2_bias_grad": _local(fc2.bias.grad),
             "forward_calls": dict(fwd.calls), "forward_bytes": dict(fwd.bytes),
-            "backward_calls": dict(bwd.calls), "backward_bytes": dict(bwd.bytes)}
+            "backward_calls": dict(bwd.calls), "backward_bytes": dict(bwd.bytes),
+            "build_all_reduces": built.all_reduces, "forward_all_reduces": fwd_seen.all_reduces,
+            "backward_all_reduces": bwd_seen.all_reduces, "delegated": list(delegated)}
 
 
 def _dtensor_case(student: Any, case: dict[str, int], mesh: Any) -> dict[str, Any]:

@@ -1,0 +1,13 @@
+"""The grader's references: what only judges need, never the student's kernel.
+
+A judge (``judge_answer`` in a solution's graded part) runs in the grader and may
+import from here; the grading sandbox covers this folder with an empty tmpfs
+(:func:`perflab.course.sandbox.grader_only_paths`) and ``perflab course release``
+leaves ``perflab/course/`` out, so a submission cannot answer an exercise by calling
+the reference that judges it.
+
+* :mod:`perflab.course.references.lab09`: single-process AdamW, what every ZeRO /
+  FSDP variant of Lab 09 must equal.
+* :mod:`perflab.course.references.lab10`: the unsharded tensor-parallel block and the
+  unsplit pipeline's loss.
+"""

@@ -1,0 +1,171 @@
+"""The review column's scan (perflab.course.answers.scan_answer): every member of the exec
+family (how a second copy of a forbidden helper's code is made at run time) is a finding,
+and the review column is empty for every reference answer of every lab and every honest
+variant the tests hold (no noise: an instructor reads a column that only speaks up when
+it matters)."""
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perflab.course.answers import (COURSE_ALLOW, allowances, answers_of, scan_answer)
+from perflab.course.checks import parse_python
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def _keys(src: str, allow=()) -> set[str]:
+    return {f.key for f in scan_answer("ex", src, allow)}
+
+
+@pytest.mark.parametrize("src, keys", [
+    ("exec(open('helpers.py').read())", {"name exec"}),
+    ("f = eval('lambda x: x')", {"name eval"}),
+    ("c = compile(src, 'x', 'exec')", {"name compile"}),
+    ("import runpy\nns = runpy.run_path('copy.py')", {"import runpy", "exec family run_path"}),
+    ("from runpy import run_module", {"import runpy", "exec family run_module"}),
+    ("import cProfile\ncProfile.Profile().runctx(src, g, g)", {"exec family runctx"}),
+    ("import cProfile\ncProfile.run(src)", {"attribute cProfile.run", "exec family run"}),
+    ("import profile as p\np.run(src)", {"attribute profile.run", "exec family run"}),
+    ("prof = cProfile.Profile()\nprof.run(src)", {"exec family run"}),
+    ("with cProfile.Profile() as prof:\n    prof.run(src)", {"exec family run"}),
+    ("from cProfile import runctx", {"import cProfile.runctx", "exec family runctx"}),
+    ("import importlib.util as u\nspec = u.spec_from_file_location('m', path)\n"
+     "m = u.module_from_spec(spec)\nspec.loader.exec_module(m)",
+     {"import importlib.util", "exec family spec_from_file_location",
+      "exec family module_from_spec", "exec family exec_module"}),
+    ("from importlib.machinery import SourceFileLoader\n"
+     "m = SourceFileLoader('m', path).load_module()",
+     {"import importlib.machinery", "exec family SourceFileLoader", "exec family load_module"}),
+    ("m = perflab.labs.checking.importlib.util.spec_from_file_location('m', p)",
+     {"attribute importlib", "exec family spec_from_file_location"}),
+    ("import types\nf = types.FunctionType(code, {})",
+     {"attribute types.FunctionType", "exec family FunctionType"}),
+    ("from types import FunctionType, CodeType",
+     {"import types.FunctionType", "import types.CodeType", "exec family FunctionType",
+      "exec family CodeType"}),
+    ("code = f.__code__.replace(co_consts=(1,))",
+     {"attribute __code__", "exec family code.replace"}),
+    ("g.__code__ = f.__code__", {"attribute __code__", "exec family __code__ assignment"}),
+    ("fn = getattr(prof, 'runctx')", {"getattr runctx"}),
+    ("import inspect\nframe = inspect.currentframe()", {"attribute inspect.currentframe"}),
+    ("from inspect import stack, signature", {"import inspect.stack"}),
+    ("import inspect\nf = getattr(inspect, 'current' + 'frame')", {"module inspect"}),
+    ("perflab.labs.checking.sys.settrace(None)", {"attribute sys.settrace"}),
+    ("import sys\nhook = sys.gettrace()", {"attribute sys.gettrace"}),
+    ("from perflab.labs.checking import watch_calls", {"import perflab.labs.checking"}),
+    ("import pdb, trace, pkgutil", {"import pdb", "import trace", "import pkgutil"}),
+    ("from pathlib import Path\nPath(p).open('w').write(x)", {"open for writing"}),
+    ("import io\nio.open(p, 'a').write(x)", {"open for writing"}),
+])
+def test_the_exec_family_and_its_neighbours_are_findings(src, keys):
+    assert _keys(src) == keys
+
+
+@pytest.mark.parametrize("src", [
+    "import inspect\nparams = inspect.signature(fn).parameters",
+    "from inspect import signature, isclass",
+    "from types import SimpleNamespace\nns = SimpleNamespace(a=1)",
+    "import types\nns = types.SimpleNamespace(a=1)",
+    "import cProfile, pstats\nprof = cProfile.Profile()\nprof.enable()\nf()\nprof.disable()\n"
+    "stats = pstats.Stats(prof)",
+    "lp = line_profiler.LineProfiler(f)\nlp.runcall(f, 1)",
+    "from torch.profiler import profile\nwith profile() as prof:\n    prof.step()",
+    "cfg = dataclasses.replace(cfg, batch_size=8)\ntext = s.replace('a', 'b')",
+    "from pathlib import Path\nrows = Path('data.txt').open().read()",
+    "import io\nbuf = io.open('x.txt', 'r').read()",
+    "model = torch.compile(model)\nrx = re.compile('a+')\nmodel.eval()",
+    "import subprocess_like_name\nsubprocess_like_name.run()",
+    "import numpy as np\naddress = np.zeros(3).ctypes.data",
+])
+def test_honest_idioms_are_not_findings(src):
+    assert _keys(src) == set()
+
+
+def test_documented_torch_settings_are_allowed_in_every_answer_through_allowances():
+    src = ("torch.backends.cudnn.benchmark = True\n"
+           "torch.backends.cuda.matmul.allow_tf32 = False\n"
+           "torch._dynamo.config.cache_size_limit = 64\n"
+           "torch.backends.cudnn.is_available = lambda: True\n")
+    assert _keys(src, COURSE_ALLOW) == {"module attribute torch.backends.cudnn.is_available"}
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "x = 1", metadata={"nbgrader": {"solution": True, "grade_id": "a"},
+                           "perflab": {"allow": ["import gc"]}})])
+    assert allowances(nb) == {"a": COURSE_ALLOW + ("import gc",)}
+
+
+def _answer_cells():
+    for path in SOLUTIONS:
+        nb = nbformat.read(str(path), as_version=4)
+        answers, _ = answers_of(nb, nb)
+        allow = allowances(nb)
+        for gid, src in answers.items():
+            yield path.name, gid, src, allow.get(gid, ())
+
+
+def test_no_reference_answer_of_any_lab_is_flagged():
+    cells = list(_answer_cells())
+    assert len(SOLUTIONS) == 11 and len(cells) > 60
+    flagged = [f"{name}: {flag} | {flag.text}" for name, gid, src, allow in cells
+               for flag in scan_answer(gid, src, allow)]
+    assert flagged == []
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _honest_variants() -> list[tuple[str, str]]:
+    """Every honest answer the tests hold: module-level names with "honest" in them
+    (strings, dicts, tuples), entries keyed "honest..." of module-level dicts, and
+    ``honest = "..."`` literals inside test functions."""
+    out = []
+    files = sorted((ROOT / "tests" / "labs").glob("test_lab*_checks.py")) + \
+        sorted((ROOT / "tests" / "course").glob("test_grading*.py"))
+    for path in files:
+        module = importlib.import_module(
+            ".".join(path.relative_to(ROOT).with_suffix("").parts))
+        found = []
+        for name, value in vars(module).items():
+            if "honest" in name.lower() and not callable(value):
+                found.append(value)
+            if isinstance(value, dict):
+                found += [v for k, v in value.items()
+                          if isinstance(k, str) and "honest" in k.lower()]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and "honest" in t.id.lower() for t in node.targets):
+                try:
+                    found.append(ast.literal_eval(node.value))
+                except ValueError:
+                    pass  # computed: the module-level value above has it
+        out += [(path.name, s) for s in _strings(found)]
+    return out
+
+
+def test_no_honest_variant_in_the_tests_is_flagged():
+    variants = _honest_variants()
+
+    def parses(src):
+        try:
+            parse_python(src)
+            return True
+        except SyntaxError:
+            return False
+
+    assert sum(parses(s) and "\n" in s for _, s in variants) > 40  # the check is not vacuous
+    flagged = [f"{name}: {flag} | {flag.text}" for name, src in variants
+               for flag in scan_answer("honest", src, COURSE_ALLOW)]
+    assert flagged == []
