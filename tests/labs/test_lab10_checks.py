@@ -11,16 +11,16 @@ parallelize; an α-β model that forgets the backward all-reduce or the ring fac
 2-D layout that sums the replicas' gradients or never all-reduces them, an accounting that
 shards the replicated bias or forgets the backward all-reduce; a pipeline returning the
 last micro-batch's loss or the sum, or one building its stage over all ranks instead of the
-pipeline's group (caught by the lab's 4-rank launch of 2- and 4-stage runs); a bubble formula
-with m and p swapped.
+pipeline's group (caught by the hidden 2-stage runs on ranks 0-1 of the check's 4-rank
+launch); a bubble formula with m and p swapped.
 
-Checks whose ``student_answer`` launches ranks (``check_tp_hand``, ``check_pp_loss``) are
-tested with ONE real 2-rank launch that runs every variant's file on the hidden cases of
-every tested seed (:func:`_jobs_rank`); the check's own ``launch_fn`` call is then answered
-from those records (the same cases, drawn the same way), so the judge sees what the ranks
-really computed. The checks on the lab's own 4-rank launches (``check_tp_dtensor``,
-``check_two_d``, and ``check_pp_loss``'s first case: its 2- and 4-stage runs) get the
-records of one real 4-rank launch that runs every variant file.
+Checks whose ``student_answer`` launches ranks (``check_tp_hand`` on 2 ranks,
+``check_pp_loss`` on 4) are tested with ONE real launch of that many ranks that runs every
+variant's file on the hidden cases of every tested seed (:func:`_jobs_rank`); the check's
+own ``launch_fn`` call is then answered from those records (the same cases, drawn the same
+way), so the judge sees what the ranks really computed. The checks on the lab's own 4-rank
+TP launch (``check_tp_dtensor``, ``check_two_d``) get the records of the 4-rank launch that
+runs every tp variant file on the lab's cases.
 """
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ WRONG_PP = {
     # lab's 4-rank launch fails (PipelineStage refuses a group larger than its stages)
     "group_not_passed": PP_GOOD.replace(', torch.device("cpu"), group=group)', ', torch.device("cpu"))'),
 }
-#: wrong only where the lab's 4-rank launch runs: the 2-rank hidden runs pass
+#: wrong only where a 2-stage pipeline runs inside 4 ranks (its 4-stage runs pass)
 PP_WRONG_ON_4_RANKS_ONLY = ("group_not_passed",)
 
 
@@ -225,33 +225,23 @@ def _hidden(gid: str, seed):
 
 
 LAB_TP_CASES = [{"d": 8, "batch": 2, "seq": 3, "seed": 1}, {"d": 12, "batch": 1, "seq": 5, "seed": 7}]
-#: the lab's pipeline launch, cut down (no simulated sleep, no timed repeat): both schedules
-#: on 2 stages (ranks 0-1 of 4) and on 4
-LAB_PP_RUNS = [{"schedule": s, "m": m, "stages": p, "width": 16, "blocks": 4, "batch": 16, "seed": 0,
-                "forward_s_per_row": 0.0, "backward_s_per_row": 0.0, "repeats": 0}
-               for p, m in ((2, 2), (4, 4)) for s in ("gpipe", "1f1b")]
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """(variant -> seed -> per-rank records, the launch's per-rank records of the lab cases)."""
+    """variant -> seed -> per-rank records of check_tp_hand's hidden cases (2 ranks)."""
     from perflab.distributed import launch_fn
 
     folder = tmp_path_factory.mktemp("lab10_students")
     files = {"tp_good": TP_GOOD, "tp_honest": TP_HONEST,
-             **{f"tp_{k}": v for k, v in WRONG_TP.items()},
-             "pp_good": PP_GOOD, "pp_honest": PP_HONEST, **{f"pp_{k}": v for k, v in WRONG_PP.items()}}
+             **{f"tp_{k}": v for k, v in WRONG_TP.items()}}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
     jobs, keys = [], []
     for name in files:
         for seed in SEEDS:
-            if name.startswith("tp_") and name != "tp_not_parallel":
-                jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0]["cases"]))
-                keys.append((name, seed))
-            elif name.startswith("pp_"):
-                jobs.append(("pp", name, _hidden("check_pp_loss", seed)[-1]["runs"]))   # [0]: the lab's launch
-                keys.append((name, seed))
+            jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0]["cases"]))
+            keys.append((name, seed))
     here = os.getcwd()
     os.chdir(folder)   # the ranks import the students' files from their working folder
     try:
@@ -267,8 +257,9 @@ def launched(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launched4(tmp_path_factory):
-    """variant -> the per-rank records of the lab's 4-rank launches (1-D TP and the 2-D
-    layout for the tp_* files; the 2- and 4-stage pipeline runs for the pp_* files)."""
+    """variant -> the per-rank records of 4-rank launches: the lab's 1-D TP and 2-D layout
+    for the tp_* files; for the pp_* files, seed -> check_pp_loss's hidden 2- and 4-stage
+    runs."""
     from perflab.distributed import launch_fn
 
     folder = tmp_path_factory.mktemp("lab10_students4")
@@ -277,25 +268,40 @@ def launched4(tmp_path_factory):
              "pp_good": PP_GOOD, "pp_honest": PP_HONEST, **{f"pp_{k}": v for k, v in WRONG_PP.items()}}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
-    jobs = [("two_d", name, LAB_TP_CASES) if name.startswith("tp_") else ("pp", name, LAB_PP_RUNS)
-            for name in files]
+    jobs, keys = [], []
+    for name in files:
+        if name.startswith("tp_"):
+            jobs.append(("two_d", name, LAB_TP_CASES))
+            keys.append((name, None))
+        else:
+            for seed in SEEDS:
+                jobs.append(("pp", name, _hidden("check_pp_loss", seed)[0]["runs"]))
+                keys.append((name, seed))
     here = os.getcwd()
     os.chdir(folder)
     try:
         ranks = launch_fn(_jobs_rank, 4, args=(jobs,), device="cpu", timeout_s=600)
     finally:
         os.chdir(here)
-    return {name: [r[i] for r in ranks] for i, name in enumerate(files)}
+    out: dict = {}
+    for i, (name, seed) in enumerate(keys):
+        per_rank = [r[i] for r in ranks]
+        if seed is None:
+            out[name] = per_rank
+        else:
+            out.setdefault(name, {})[seed] = per_rank
+    return out
 
 
-def _judge_launched(monkeypatch, launched, gid: str, variant: str, seed, ns=None):
+def _judge_launched(monkeypatch, launched, gid: str, variant: str, seed, ns=None, ranks=None):
     """Run check ``gid`` at ``seed`` with its ``launch_fn`` answered from ``variant``'s records
-    (``ns``: the notebook globals the check reads, e.g. the lab's own launch)."""
+    (``ns``: the notebook globals the check reads; ``ranks``: answer with these records)."""
     import perflab.labs.lab10.ranks
 
     def fake_launch(fn, world_size, *, args=(), **kwargs):
-        assert world_size == 2
-        return json.loads(json.dumps(launched[variant][seed]))
+        records = launched[variant][seed] if ranks is None else ranks
+        assert world_size == len(launched[variant][seed])
+        return json.loads(json.dumps(records))
 
     monkeypatch.setattr(perflab.labs.lab10.ranks, "launch_fn", fake_launch)
     return NB.judge(dict(ns or {"__name__": "__main__"}), gid, seed=seed)
@@ -492,58 +498,55 @@ def test_2d_accounting_written_for_tp_2_only_fails():
 
 
 # -- check_pp_loss ----------------------------------------------------------------------------------
-def _pp_ns(launched4, variant: str) -> dict:
-    """The notebook globals check_pp_loss reads: the lab's runs and its 4-rank records."""
-    return {"__name__": "__main__", "PP_RUNS": LAB_PP_RUNS,
-            "pp_ranks": json.loads(json.dumps(launched4[variant]))}
-
-
 @slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_pp_loss_reference_passes(seed, launched, launched4, monkeypatch):
-    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", seed,
-                              _pp_ns(launched4, "pp_good"))
+def test_pp_loss_reference_passes(seed, launched4, monkeypatch):
+    verdict = _judge_launched(monkeypatch, launched4, "check_pp_loss", "pp_good", seed)
     assert verdict.passed, verdict.message
 
 
 @slow
-def test_pp_loss_honest_variant_passes(launched, launched4, monkeypatch):
-    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_honest", 0,
-                              _pp_ns(launched4, "pp_honest"))
+def test_pp_loss_honest_variant_passes(launched4, monkeypatch):
+    verdict = _judge_launched(monkeypatch, launched4, "check_pp_loss", "pp_honest", 0)
     assert verdict.passed, verdict.message
 
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_PP))
-def test_wrong_pipeline_loss_fails(name, launched, launched4, monkeypatch):
-    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, "check_pp_loss", f"pp_{name}", 1,
-                                            _pp_ns(launched4, f"pp_{name}")))
-
-
-@slow
-@pytest.mark.parametrize("name", sorted(WRONG_PP))
-def test_wrong_pipeline_fails_on_the_labs_4_rank_launch(name, launched, launched4, monkeypatch):
-    """The lab's 2- and 4-stage records alone fail every wrong pipeline (the good one's
-    2-rank hidden records beside them); the group-less one passes the 2-rank hidden runs."""
-    verdict = _judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", 1,
-                              _pp_ns(launched4, f"pp_{name}"))
-    _fails_on_a_hidden_case(verdict)
+def test_wrong_pipeline_loss_fails(name, launched4, monkeypatch):
+    """Every wrong pipeline fails, the group-less one on the 2-stage runs inside the
+    4-rank launch (its 4-stage records alone would pass)."""
+    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched4, "check_pp_loss", f"pp_{name}", 1))
     if name in PP_WRONG_ON_4_RANKS_ONLY:
-        alone = _judge_launched(monkeypatch, launched, "check_pp_loss", f"pp_{name}", 1,
-                                _pp_ns(launched4, "pp_good"))
-        assert alone.passed, alone.message
+        runs = _hidden("check_pp_loss", 1)[0]["runs"]
+        assert any("error" in r[k] for r in launched4[f"pp_{name}"][1]
+                   for k, run in enumerate(runs) if run["stages"] == 2)
+        assert not any("error" in r[k] for r in launched4[f"pp_{name}"][1]
+                       for k, run in enumerate(runs) if run["stages"] == 4)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_pp_loss_hidden_runs_cover_both_schedules_on_2_and_4_stages(seed):
+    (case,) = _hidden("check_pp_loss", seed)
+    runs = case["runs"]
+    assert {(s, p) for s in ("gpipe", "1f1b") for p in (2, 4)} <= {(r["schedule"], r["stages"]) for r in runs}
+    assert all(r["blocks"] % r["stages"] == 0 and r["batch"] % r["m"] == 0 for r in runs)
+    assert all(r["m"] >= r["stages"] for r in runs if r["schedule"] == "1f1b")
 
 
 @slow
-def test_pp_loss_needs_4_stage_runs(launched, launched4, monkeypatch):
-    """A lab launch without its 4-stage runs (or with a rank missing) fails."""
-    ns = _pp_ns(launched4, "pp_good")
-    two_only = [k for k, run in enumerate(LAB_PP_RUNS) if run["stages"] == 2]
-    short = dict(ns, PP_RUNS=[LAB_PP_RUNS[k] for k in two_only],
-                 pp_ranks=[[r[k] for k in two_only] for r in ns["pp_ranks"]])
-    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", 0, short))
-    three = dict(ns, pp_ranks=ns["pp_ranks"][:3])
-    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, "check_pp_loss", "pp_good", 0, three))
+def test_pp_loss_needs_every_rank(launched4, monkeypatch):
+    """A launch answered with a rank missing, or with a 2-stage run on other ranks than 0-1, fails."""
+    good = launched4["pp_good"][0]
+    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched4, "check_pp_loss", "pp_good", 0,
+                                            ranks=good[:3]))
+    runs = _hidden("check_pp_loss", 0)[0]["runs"]
+    k = next(k for k, run in enumerate(runs) if run["stages"] == 2)
+    moved = json.loads(json.dumps(good))
+    moved[0][k], moved[2][k] = moved[2][k], moved[0][k]
+    moved[1][k], moved[3][k] = moved[3][k], moved[1][k]
+    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched4, "check_pp_loss", "pp_good", 0,
+                                            ranks=moved))
 
 
 # -- check_bubble -----------------------------------------------------------------------------------
