@@ -239,11 +239,15 @@ def test_zero1_records_of_torchs_sharding_fail_naming_it(ranks_saw):
 
 def test_zero_checks_forbid_torchs_sharding_in_the_graded_call_and_the_text():
     """The exercise says which torch APIs it forbids, and the graded calls name the same
-    ones as the ranks watch for (perflab.labs.lab09.ZERO_FORBIDDEN)."""
+    ones as the ranks watch for (perflab.labs.lab09.ZERO_FORBIDDEN). check_zero2's graded
+    call runs the student's code on ranks only, which watch those names themselves (its
+    judge fails "delegated" records: test_wrong_zero2_fails on the hidden launch alone);
+    a spy in the kernel would only slow the ranks it starts."""
     from perflab.labs.lab09 import ZERO_FORBIDDEN
 
-    for gid in ("check_zero1", "check_zero2"):
-        assert split_check(NB.cells[gid]).graded.forbid == ZERO_FORBIDDEN, gid
+    assert split_check(NB.cells["check_zero1"]).graded.forbid == ZERO_FORBIDDEN
+    graded = split_check(NB.cells["check_zero2"]).graded
+    assert graded.forbid == () and '("sharding", (["zero2"]' in graded.answer_source
     text = next(c.source for c in NB.nb.cells if c.cell_type == "markdown"
                 and "**Exercise 2 — `MyZero1`" in c.source)
     for name in ("ZeroRedundancyOptimizer", "fully_shard", "FullyShardedDataParallel"):
@@ -636,10 +640,14 @@ def test_wrong_zero2_fails(name, tmp_path, monkeypatch):
     ns = _zero2_ns(tmp_path, monkeypatch, WRONG_ZERO2[name])
     verdict = NB.judge(ns, "check_zero2")
     if "ZeroRedundancyOptimizer" in name:
-        # named twice over: the lab's launch recorded it on the ranks ("delegated"), and the
-        # graded call's own launch runs under its forbid spy, which reaches spawned ranks
+        # named twice over: the lab's launch recorded it on the ranks ("delegated"), and so
+        # do the ranks of the graded call's own launch (the reference's lab records here)
         assert not verdict.passed and "ZeroRedundancyOptimizer" in verdict.message, verdict
         assert all(r["zero2"]["delegated"] == [_ZRO] for r in ns["small2"])
+        good = _zero2_ns(tmp_path, monkeypatch, _GOOD_ZERO2)["small2"]
+        hidden_only = NB.judge(dict(ns, small2=good), "check_zero2")
+        assert not hidden_only.passed and "ZeroRedundancyOptimizer" in hidden_only.message, (
+            hidden_only)
         return
     _fails_on_a_hidden_case(verdict)
 
