@@ -355,10 +355,11 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
     if sandbox != "none" and sandbox_status()[0]:
         # Before any student: prove that nothing readable in the sandbox holds an answer
         # (perflab.course.selftest; SandboxLeak stops the batch, naming every path).
-        from perflab.course.selftest import self_test
+        from perflab.course.selftest import course_references, self_test
 
         t0 = time.monotonic()
-        self_test(ref_nbs, hide=(*hide, *hideable(_SOLUTIONS)), mode=sandbox)
+        self_test(course_references(Path(reference_dir), _SOLUTIONS),
+                  hide=(*hide, *hideable(_SOLUTIONS)), mode=sandbox)
         say(f"sandbox self-test passed ({time.monotonic() - t0:.0f} s): no reference "
             "solution, hidden test, solution marker or git object store is readable inside")
     threads = max(1, (os.cpu_count() or 1) // jobs)

@@ -44,7 +44,8 @@ from typing import Iterable, Literal, Sequence
 from perflab.course.sandbox import (SANDBOX_WORK, SandboxLimits, SandboxUnavailable,
                                     run_sandboxed, visible_hides)
 
-__all__ = ["SandboxLeak", "Leak", "LeakPatterns", "leak_patterns", "self_test", "MIN_LINE"]
+__all__ = ["SandboxLeak", "Leak", "LeakPatterns", "leak_patterns", "course_references",
+           "self_test", "MIN_LINE"]
 
 #: Shortest line (characters, stripped) of a reference answer looked for.
 MIN_LINE = 24
@@ -168,6 +169,38 @@ def leak_patterns(references: dict[str, object]) -> LeakPatterns:
         if keep:  # the longest lines are the most telling; a few per cell suffice
             cells[key] = sorted(sorted(keep, key=lambda ln: (-len(ln), ln))[:LINES_PER_CELL])
     return LeakPatterns(cells, frozenset(allowed))
+
+
+def course_references(*folders: Path) -> dict[str, object]:
+    """Every reference notebook ``NN_*.ipynb`` of ``folders`` (the batch's reference
+    folder and the course's own ``solutions/``), each distinct file once: what the
+    self-test looks for. Any lab's answer readable in the sandbox is a leak, not only the
+    batch's labs; and every batch of one process with the same course shares one probe.
+
+    Returns:
+        ``lab -> notebook`` (a second, different notebook of one lab as ``"NNb"``, ...).
+
+    Raises:
+        nbformat.reader.NotJSONError: a reference notebook is not JSON (instructor error).
+    """
+    import nbformat
+
+    out: dict[str, object] = {}
+    seen: set[str] = set()
+    for folder in folders:
+        if not Path(folder).is_dir():
+            continue
+        for path in sorted(Path(folder).glob("[0-9][0-9]_*.ipynb")):
+            data = path.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            if digest in seen:
+                continue
+            seen.add(digest)
+            key = path.name[:2]
+            while key in out:
+                key += "b"
+            out[key] = nbformat.reads(data.decode("utf-8"), as_version=4)
+    return out
 
 
 #: Runs inside the sandbox: argv[1] = the patterns file (JSON). Prints one RESULT line.

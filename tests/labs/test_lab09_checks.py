@@ -752,6 +752,7 @@ WRONG_SCALING = {
     "speedup, not divided by n": ("(n * global_batch_1 / t1)", "(global_batch_1 / t1)"),
     "ignores the global batches": ("return (global_batch_n / tn) / (n * global_batch_1 / t1)",
                                    "return t1 / (n * tn)"),
+    "a 90 % CI": ("np.percentile(eff(m1, mn), [2.5, 97.5])", "np.percentile(eff(m1, mn), [5, 95])"),
     "a CI of zero width": ("return float(eff(np.median(a), np.median(b))), float(lo), float(hi)",
                            "e = float(eff(np.median(a), np.median(b)))\n    return e, e, e"),
     "compute not divided by N": ("np.stack([1 / n,", "np.stack([np.ones_like(n),"),
@@ -767,6 +768,16 @@ WRONG_SCALING = {
 def test_scaling_model_reference_passes(seed):
     verdict = NB.judge(_scaling_ns(), "check_scaling_model", seed=seed)
     assert verdict.passed, verdict.message
+
+
+def test_scaling_model_reference_passes_at_many_seeds():
+    """The CI ends of a bootstrap of medians of few steps are discrete and move with the
+    generator: the judge places them in its own bootstrap distribution, so the reference
+    (another generator, fewer resamples) passes whatever cases are drawn (CI once drew a
+    case where the old endpoint-range judge failed it)."""
+    failed = [s for s in range(40)
+              if not NB.judge(_scaling_ns(), "check_scaling_model", seed=s).passed]
+    assert failed == []
 
 
 def test_scaling_model_honest_variant_passes():
