@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import csv
 import dataclasses
 import hashlib
 import io
@@ -340,28 +339,25 @@ def findings_by_student(matches: Iterable[Match]) -> dict[str, list[str]]:
 
 
 def csv_cell(value: object) -> str:
-    """A CSV cell a spreadsheet shows as text: a cell starting with ``=``, ``+``, ``-``,
-    ``@``, tab or carriage return gets a leading ``'`` (OWASP, "CSV Injection"; the csv
-    module then quotes it and doubles its quotes)."""
-    text = str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    """``value`` as a CSV text cell a spreadsheet shows as text: the course's one rule,
+    :func:`perflab.course.report.escape_csv_text` (OWASP, "CSV Injection")."""
+    from perflab.course.report import escape_csv_text
+
+    return escape_csv_text(str(value))
 
 
 def write_similarity_csv(matches: Iterable[Match], path: str | Path) -> Path:
     """Write the matches to ``path`` (``instructor/similarity.csv``): one row per match,
-    ``student, grade_id, kind, source, source_cell, score, tokens``, every cell escaped
-    against CSV injection (:func:`csv_cell`). Winnowing: Schleimer, Wilkerson, Aiken,
+    ``student, grade_id, kind, source, source_cell, score, tokens``, atomically, with the
+    text cells escaped against CSV injection, as ``scores.csv`` is
+    (:func:`perflab.course.report.write_csv`). Winnowing: Schleimer, Wilkerson, Aiken,
     SIGMOD 2003 (see :func:`similarity_pairs`). Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["student", "grade_id", "kind", "source", "source_cell", "score", "tokens"])
-    for m in matches:
-        w.writerow([csv_cell(v) for v in (m.student, m.grade_id, m.kind, m.source,
-                                          m.source_cell, f"{m.score:.3f}", m.tokens)])
-    path.write_text(buf.getvalue(), encoding="utf-8", newline="")
-    return path
+    from perflab.course.report import write_csv
+
+    header = ["student", "grade_id", "kind", "source", "source_cell", "score", "tokens"]
+    rows = [[m.student, m.grade_id, m.kind, m.source, m.source_cell, f"{m.score:.3f}",
+             str(m.tokens)] for m in matches]
+    return write_csv(path, header, rows, text_columns=header[:5])
 
 
 # --- the documents of a batch ------------------------------------------------------------
