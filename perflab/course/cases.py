@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import random
 import sys
@@ -55,6 +56,8 @@ from typing import Any, Callable, Iterable, Iterator
 __all__ = ["GRADED_MARKER", "FACTS_MARKER", "MAX_DEPTH", "to_data", "draw_cases", "run_cases",
            "answer_cases", "judge_answers", "CaseOutcome"]
 
+#: Dotted paths under this prefix are the grader's references (hidden in the sandbox).
+GRADER_ONLY = "perflab.course.references."
 #: The first line of a check cell's graded part (inside its last hidden-test region).
 GRADED_MARKER = "### GRADED"
 #: The prefix of the one stdout line a probe prints with its facts.
@@ -147,6 +150,10 @@ def _spy(names: Iterable[str]) -> Iterator[list[str]]:
     the list after the block: children's hits arrive at its end); perflab is imported
     only when asked.
 
+    A name under :data:`GRADER_ONLY` (``perflab.course.references``) that does not
+    import is left out: in the grading sandbox that package is not there, so nothing
+    can call it; elsewhere (the solutions under nbval, the tests) it is watched.
+
     Raises:
         ValueError: a name is not a public perflab name or importable dotted path, or
             names something the spy cannot see run (a class written in C).
@@ -157,7 +164,15 @@ def _spy(names: Iterable[str]) -> Iterator[list[str]]:
         return
     from perflab.labs.checking import resolve, watch_calls
 
-    with watch_calls({name: resolve(name) for name in names}) as hits:
+    targets = {}
+    for name in names:
+        if name.startswith(GRADER_ONLY):
+            try:
+                importlib.import_module(name.rpartition(".")[0])
+            except ModuleNotFoundError:
+                continue   # the grader-only package is not in this sandbox: unreachable
+        targets[name] = resolve(name)
+    with watch_calls(targets) as hits:
         yield hits
 
 

@@ -91,7 +91,8 @@ def pytest_runtest_makereport(item, call):
     probe = item.cell.get("metadata", {}).get("perflab", {}).get("probe")
     record = {"cell_num": cell_num, "probe": probe, "when": call.when,
               "outcome": report.outcome, "message": message, "stopped": stopped,
-              "first_line": item.cell.source.strip().split("\n")[0][:60]}
+              "first_line": item.cell.source.strip().split("\n")[0][:60],
+              "seconds": round(call.stop - call.start, 3)}
     if probe:
         text = "".join(o.get("text", "") for o in (getattr(item, "test_outputs", None) or [])
                        if o.get("output_type") == "stream" and o.get("name") == "stdout")

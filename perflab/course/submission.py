@@ -126,6 +126,9 @@ class LabGrade:
     warning: str = ""
     written: list[dict] = dataclasses.field(default_factory=list)
     """The student's written answers (see :func:`perflab.course.written.written_answers`)."""
+    cell_seconds: list[tuple[int, str, float]] = dataclasses.field(default_factory=list)
+    """(cell number, first line, seconds) of each cell the sandbox ran, as its pytest
+    plugin timed it: where a lab's grading time goes (``benchmarks/grading.py``)."""
 
     @property
     def points(self) -> float:
@@ -312,6 +315,10 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         finally:
             os.close(fd)
         records, bad = _records(channel)
+        grade.cell_seconds = [(r["cell_num"], str(r.get("first_line", "")), float(r["seconds"]))
+                              for r in records if r.get("when") == "call"
+                              and isinstance(r.get("cell_num"), int)
+                              and isinstance(r.get("seconds"), (int, float))]
         grade.log = _tail(tmp / "log.txt")
     grade.wall_s, grade.sandboxed, grade.warning = run.wall_s, run.sandboxed, run.warning
     if bad:

@@ -24,7 +24,10 @@ a rank's compute and its wait for the others cannot be told apart; here the grad
 are summed after backward, once. With unequal micro-batches the sum is the global-batch
 gradient only if rank r's loss is weighted b_r / B (the mean of per-rank means, DDP's
 divide-by-world-size, is biased toward the smaller micro-batch): the student's
-``rank_loss`` does it; without one (recording runs) :func:`reference_rank_loss`.
+``rank_loss`` does it. Recording runs (no student module, outside the grading sandbox)
+use the grader-only references of :mod:`perflab.course.references.lab07`; a student
+module without a working ``rank_loss`` gets DDP's 1 / world_size weighting (biased for
+unequal micro-batches) and an error in its record.
 
 :func:`debug_rank` is the rank body of the lab's debug-output section: a few collectives
 under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` with one rank issuing a different one, the
@@ -44,8 +47,7 @@ import torch
 from perflab.models import mlp
 from perflab.core.timing import Stopwatch
 
-__all__ = ["straggler_rank", "reference_gather", "reference_rank_loss", "debug_rank",
-           "ThreadCpuClock"]
+__all__ = ["straggler_rank", "debug_rank", "ThreadCpuClock"]
 
 
 class ThreadCpuClock:
@@ -58,32 +60,6 @@ class ThreadCpuClock:
 
     def now(self) -> float:
         return time.thread_time()
-
-
-def reference_gather(local_s: float) -> list[float]:
-    """Every rank's ``local_s`` in rank order (``dist.all_gather`` of a float64 tensor).
-
-    Used when no student module is given (recording runs). Call on every rank."""
-    import torch.distributed as dist
-
-    mine = torch.tensor([float(local_s)], dtype=torch.float64)
-    out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
-    return [float(t) for t in out]
-
-
-def reference_rank_loss(logits: torch.Tensor, targets: torch.Tensor, global_batch: int,
-                        world_size: int) -> torch.Tensor:
-    """This rank's share of the global-batch mean cross-entropy: sum over its b_r samples
-    divided by ``global_batch`` (B), so the ranks' gradients SUMMED (``all_reduce``) equal
-    the gradient of the mean over all B samples for any split (b_0 + ... = B).
-
-    ``logits`` (b_r, classes) float, ``targets`` (b_r,) int64; returns a 0-d tensor.
-    ``world_size`` is unused: the weight is b_r / B, not 1 / world_size (equal only for
-    an even split). Used when the student's module has no ``rank_loss``.
-    """
-    del world_size
-    return torch.nn.functional.cross_entropy(logits, targets, reduction="sum") / global_batch
 
 
 def debug_rank(odd_rank: int, odd_op: str, shapes: Sequence[int] = (4, 3, 4),
@@ -153,17 +129,23 @@ def _call(errors: list, what: str, fn: Any, *args: Any) -> Any:
 
 def _rank_loss(student: Any, logits: torch.Tensor, y: torch.Tensor, global_batch: int,
                ws: int, errors: list) -> torch.Tensor:
-    """The student's ``rank_loss`` (or :func:`reference_rank_loss` when it has none or it
-    fails: the error is recorded and the run goes on)."""
-    fn = getattr(student, "rank_loss", None) if student is not None else None
+    """The student's ``rank_loss``; a recording run (no student) uses the grader-only
+    reference; a student module without a working one gets DDP's weighting (the mean
+    over this rank's micro-batch divided by ``world_size``, biased toward the smaller
+    micro-batch): the error is recorded and the run goes on."""
+    if student is None:
+        from perflab.course.references.lab07 import reference_rank_loss
+
+        return reference_rank_loss(logits, y, global_batch, ws)
+    fn = getattr(student, "rank_loss", None)
     if fn is not None:
         got = _call(errors, "rank_loss", fn, logits, y, global_batch, ws)
         if isinstance(got, torch.Tensor) and got.dim() == 0 and got.requires_grad:
             return got
         if got is not None:
             errors.append(f"rank_loss returned {got!r}: not a 0-d tensor with a gradient; "
-                          "used b_r / B weighting")
-    return reference_rank_loss(logits, y, global_batch, ws)
+                          "used DDP's 1 / world_size weighting")
+    return torch.nn.functional.cross_entropy(logits, y) / ws
 
 
 def _rebalanced(student: Any, prev: dict | None, gathered: list, ws: int, global_batch: int,
@@ -254,7 +236,9 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
             (none | slow), then (rebalanced | slow again).
         student_module: module name of the student's file (``straggler_student`` for
             ``straggler_student.py`` in the working folder), or None: perflab's own
-            gather and loss weighting (:func:`reference_rank_loss`), no detector.
+            gather and loss weighting (the grader-only
+            :mod:`perflab.course.references.lab07`, present outside the sandbox), no
+            detector.
         sizes: the MLP's widths; input ``(b, sizes[0])`` float32, ``b`` = this rank's
             micro-batch.
         global_batch: samples per step over all ranks (>= world_size).
@@ -287,7 +271,10 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
     if student_module and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the student's file sits in the working folder
     student = importlib.import_module(student_module) if student_module else None
-    gather = getattr(student, "all_gather_times", None) if student else reference_gather
+    if student is None:
+        from perflab.course.references.lab07 import reference_gather as gather
+    else:
+        gather = getattr(student, "all_gather_times", None)
     errors: list[str] = []
     fixed = _call(errors, "all_gather_times", gather, 0.1 * (rank + 1)) if gather else None
 

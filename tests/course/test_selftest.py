@@ -179,9 +179,15 @@ def test_the_graders_references_cannot_be_imported_in_the_sandbox(tmp_path):
     assert pipeline_reference_loss(8, 2, 4, 0) > 0
     code = ("import importlib, json\nout = {}\n"
             "for name in ('perflab.course.references.lab10', 'perflab.course.references.lab09',"
+            " 'perflab.course.references.lab07',"
             " 'nbgrader.preprocessors', 'perflab.labs.lab10.models', 'perflab.course.cases'):\n"
             "    try:\n        importlib.import_module(name)\n        out[name] = 'imported'\n"
             "    except ImportError as e:\n        out[name] = type(e).__name__\n"
+            # a graded call forbidding a grader-only reference runs: nothing can reach it
+            "from perflab.course.cases import _spy\n"
+            "with _spy(['perflab.course.references.lab07.reference_gather']) as hits:\n"
+            "    pass\n"
+            "out['forbid'] = hits\n"
             "print('RESULT ' + json.dumps(out))\n")
     scratch = tmp_path / "s"
     scratch.mkdir()
@@ -194,6 +200,7 @@ def test_the_graders_references_cannot_be_imported_in_the_sandbox(tmp_path):
     out = json.loads(line[len("RESULT "):])
     assert out == {"perflab.course.references.lab10": "ModuleNotFoundError",
                    "perflab.course.references.lab09": "ModuleNotFoundError",
-                   "nbgrader.preprocessors": "ModuleNotFoundError",
+                   "perflab.course.references.lab07": "ModuleNotFoundError",
+                   "nbgrader.preprocessors": "ModuleNotFoundError", "forbid": [],
                    "perflab.labs.lab10.models": "imported",
                    "perflab.course.cases": "imported"}, out

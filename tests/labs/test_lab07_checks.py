@@ -313,9 +313,9 @@ def test_gather_that_only_works_on_two_ranks_fails(tmp_path, monkeypatch, lab_ns
 
 def test_gather_that_delegates_to_perflab_fails_naming_it(tmp_path, monkeypatch, lab_ns):
     for source in (_FILE.replace(_GATHER_BODY, (
-            "    from perflab.labs.lab07 import reference_gather\n"
+            "    from perflab.course.references.lab07 import reference_gather\n"
             "    return reference_gather(local_s)\n")),
-            _FILE + "\nfrom perflab.labs.lab07 import reference_gather as all_gather_times\n"):
+            _FILE + "\nfrom perflab.course.references.lab07 import reference_gather as all_gather_times\n"):
         ns = _live_ns(lab_ns, _student(tmp_path, monkeypatch, source))
         _fails_naming(LAB.judge(ns, "check_gather"), "reference_gather")
 
@@ -449,17 +449,17 @@ def test_rank_loss_written_for_the_example_fails(tmp_path, monkeypatch, lab_ns):
 
 
 def test_rank_loss_that_delegates_fails_naming_it(tmp_path, monkeypatch, lab_ns):
-    source = _with_rank_loss("    from perflab.labs.lab07 import reference_rank_loss\n"
+    source = _with_rank_loss("    from perflab.course.references.lab07 import reference_rank_loss\n"
                              "    return reference_rank_loss(logits, targets, global_batch, world_size)\n")
     ns = dict(lab_ns, straggler_student=_student(tmp_path, monkeypatch, source))
     _fails_naming(LAB.judge(ns, "check_rank_loss"), "reference_rank_loss")
 
 
 def test_reference_rank_loss_gives_the_full_batch_gradient_for_any_split():
-    """The rank body's fallback (no student rank_loss): b_r / B, not 1 / world_size."""
+    """The recording runs' weighting (no student module): b_r / B, not 1 / world_size."""
     import torch
 
-    from perflab.labs.lab07 import reference_rank_loss
+    from perflab.course.references.lab07 import reference_rank_loss
     from perflab.models import mlp
 
     model = mlp((5, 7, 3), 1).double()

@@ -6,6 +6,8 @@ import from here; the grading sandbox covers this folder with an empty tmpfs
 leaves ``perflab/course/`` out, so a submission cannot answer an exercise by calling
 the reference that judges it.
 
+* :mod:`perflab.course.references.lab07`: the all-gather of one float per rank and the
+  b_r / B loss weighting (also what instructors' recording runs use).
 * :mod:`perflab.course.references.lab09`: single-process AdamW, what every ZeRO /
   FSDP variant of Lab 09 must equal.
 * :mod:`perflab.course.references.lab10`: the unsharded tensor-parallel block and the
