@@ -55,7 +55,8 @@ def main() -> None:
     for ws, phases in cases().items():
         for p in phases:
             p["batch"] = "even"
-        ranks = launch_fn(straggler_rank, ws, args=(phases, None), device="cpu", timeout_s=300)
+        ranks = launch_fn(straggler_rank, ws, args=(phases, "perflab.course.references.lab07"),
+                         device="cpu", timeout_s=300)
         for i, p in enumerate(phases):
             out["cases"][p["name"]] = {
                 "world_size": ws, "injected": {str(k): v for k, v in p["slow"].items()},

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:   # imported where a table is made: every spawned rank imports this
+    import pandas as pd   # module, and pandas costs each of them 0.25 s of CPU at start
 
 __all__ = ["Measurement", "Comparison", "compare", "compare_table", "NOISE_IQR_FRACTION"]
 
@@ -274,6 +276,8 @@ def compare_table(measurements: Sequence[Measurement], *, baseline: int = 0,
     if not 0 <= baseline < len(measurements):
         raise ValueError(f"baseline index {baseline} out of range for "
                          f"{len(measurements)} measurements")
+    import pandas as pd
+
     base = measurements[baseline]
     rows = []
     for i, m in enumerate(measurements):

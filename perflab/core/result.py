@@ -10,14 +10,16 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from perflab.core.config import TOKEN_MODELS, RunConfig
 from perflab.core.measurement import Measurement
 from perflab.core.memory import PeakMemory
 from perflab.core.paths import default_results_dir
 from perflab.core.storage import write_new_json
+
+if TYPE_CHECKING:   # imported where a table is made: spawned ranks import this module
+    import pandas as pd   # and pandas would cost each of them 0.25 s of CPU at start
 
 __all__ = ["RunResult", "PHASES"]
 
@@ -106,6 +108,8 @@ class RunResult:
 
     def phase_table(self) -> pd.DataFrame:
         """Per-phase median and mean (ms), IQR (ms), share of the step (%)."""
+        import pandas as pd
+
         shares = self.phase_shares()
         rows = []
         for p in (*PHASES, "other", "step"):

@@ -319,7 +319,8 @@ def _preexec(limits: SandboxLimits, nproc: int):
 def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
                   limits: SandboxLimits, log_path: Path, hide: Sequence[Path] = (),
                   pass_fds: Sequence[int] = (), slot: int = 0,
-                  mode: Literal["auto", "bwrap", "none"] = "auto") -> SandboxRun:
+                  mode: Literal["auto", "bwrap", "none"] = "auto",
+                  ro_binds: Sequence[tuple[Path, str]] = ()) -> SandboxRun:
     """Run ``cmd`` in ``scratch`` (seen as :data:`SANDBOX_WORK` inside the sandbox).
 
     Args:
@@ -338,6 +339,9 @@ def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
             ``_claim_uid``).
         mode: ``"bwrap"`` requires bubblewrap; ``"auto"`` falls back to a plain
             subprocess with a warning; ``"none"`` never sandboxes (tests, debugging).
+        ro_binds: (host path, path inside under :data:`SANDBOX_WORK`) pairs bound
+            read-only: files the grader made for every sandbox (Inductor's precompiled
+            header, :mod:`perflab.course.warm`). Ignored when not sandboxed.
 
     Returns:
         A :class:`SandboxRun`; never raises for anything the command does.
@@ -359,12 +363,13 @@ def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
     with _claim_uid(slot) if drop else contextlib.nullcontext(None) as uid:
         return _run(cmd, scratch=scratch, env=env, limits=limits, log_path=log_path,
                     hide=hide, pass_fds=pass_fds, uid=uid, sandboxed=sandboxed,
-                    warning=warning)
+                    warning=warning, ro_binds=ro_binds)
 
 
 def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: SandboxLimits,
          log_path: Path, hide: Sequence[Path], pass_fds: Sequence[int], uid: int | None,
-         sandboxed: bool, warning: str) -> SandboxRun:
+         sandboxed: bool, warning: str,
+         ro_binds: Sequence[tuple[Path, str]] = ()) -> SandboxRun:
     """:func:`run_sandboxed` with the slot's uid claimed (None: no uid to drop to)."""
     if uid is not None:
         _kill_uid(uid)  # nothing may be left from an earlier run in this slot
@@ -391,6 +396,10 @@ def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: Sand
                          else ["--ro-bind", str(entry), inside])
         else:
             argv += ["--bind", str(scratch), SANDBOX_WORK]
+        for host, inside in ro_binds:
+            if not inside.startswith(SANDBOX_WORK + "/"):
+                raise ValueError(f"ro_binds: {inside!r} must lie under {SANDBOX_WORK}/")
+            argv += ["--ro-bind", str(host), inside]
         argv += ["--chdir", SANDBOX_WORK, "--clearenv"]
         for k, v in env.items():
             argv += ["--setenv", k, v.replace(str(scratch), SANDBOX_WORK)]

@@ -43,7 +43,8 @@ from perflab.course.answers import (SKIP_TAG, Flag, allowances, answers_of, asse
                                     autograded, scan_answer)
 from perflab.course.cases import judge_answers
 from perflab.course.checks import parse_facts, run_judge
-from perflab.course.sandbox import SandboxLimits, run_sandboxed
+from perflab.course.sandbox import SANDBOX_WORK, SandboxLimits, run_sandboxed
+from perflab.course.warm import HEADERS_ENV, SANDBOX_USER
 from perflab.course.written import written_answers
 
 __all__ = ["Limits", "CheckResult", "LabGrade", "lab_key", "grade_notebook", "error_grade",
@@ -182,8 +183,12 @@ def _tail(path: Path) -> str:
 #: rfc3987_syntax when it is installed, only to validate IRI formats that notebooks never
 #: use; building its grammar costs 1-6 s per process on a loaded 2-core machine, so the
 #: grading run does without it.
-_PYTEST_BOOT = ("import sys; sys.modules['rfc3987_syntax'] = None; import pytest; "
+_PYTEST_BOOT = ("import sys; sys.modules['rfc3987_syntax'] = None; "
+                "from perflab.course.warm import seed_from_env; seed_from_env(); import pytest; "
                 "sys.exit(pytest.main(sys.argv[1:]))")
+
+#: Where Inductor's precompiled headers (:mod:`perflab.course.warm`) appear inside.
+_HEADERS_INSIDE = f"{SANDBOX_WORK}/.inductor-headers"
 
 #: The course's own solutions folder, hidden even when grading against another reference.
 _SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
@@ -233,7 +238,8 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                    hide: tuple[Path, ...] = (), slot: int = 0, threads: int | None = None,
                    skip_tag: str = SKIP_TAG,
                    reference: nbformat.NotebookNode | None = None,
-                   seed: str | int = 0, inside: str | Path | None = None) -> LabGrade:
+                   seed: str | int = 0, inside: str | Path | None = None,
+                   inductor_headers: Path | None = None) -> LabGrade:
     """Grade one submitted notebook against its reference notebook.
 
     Args:
@@ -255,6 +261,9 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
             outside it, is refused (None: only symbolic links are).
         seed: the grading run's seed; the hidden cases of each graded check are drawn
             from it, the student's name and the check's grade_id.
+        inductor_headers: Inductor's precompiled headers, built by the grader
+            (:func:`perflab.course.warm.build_inductor_headers`), lent read-only to the
+            sandbox; None: the notebook compiles them itself if it needs them.
 
     Returns:
         A :class:`LabGrade`. Never raises for anything the submission does: an
@@ -305,9 +314,14 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                "-p", "no:cacheprovider", "-q", "--color=no", "--nbval-lax",
                "--nbval-current-env", f"--nbval-cell-timeout={limits.cell_timeout_s:g}"]
         hidden = hideable(reference_path.resolve().parent, tmp.parent, _SOLUTIONS, *hide)
+        env = _env(scratch, fd, threads)
+        binds = []
+        if inductor_headers is not None:
+            binds.append((inductor_headers, _HEADERS_INSIDE))
+            env.update({HEADERS_ENV: _HEADERS_INSIDE, "LOGNAME": SANDBOX_USER})
         try:
             run = run_sandboxed(
-                cmd, scratch=scratch, env=_env(scratch, fd, threads), log_path=tmp / "log.txt",
+                cmd, scratch=scratch, env=env, log_path=tmp / "log.txt", ro_binds=binds,
                 hide=hidden, pass_fds=[fd], slot=slot,
                 mode=sandbox, limits=SandboxLimits(
                     wall_timeout_s=limits.wall_timeout_s, memory_gib=limits.memory_gib,

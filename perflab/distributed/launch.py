@@ -6,9 +6,16 @@ elastic_launch`` with a ``LaunchConfig``: the engine behind ``torchrun``), confi
 system picks a free port (a busy default port such as 29500 is not an error) and no
 rendezvous server has to be set up by hand.
 
-Each rank is a fresh process (``spawn``) that imports ``fn`` by name, so ``fn`` must be
-a module-level function of an importable module (perflab's workers are; a function
-typed into a notebook cell is not). Inside ``fn`` the default process group is already
+Each rank is a fresh process that imports ``fn`` by name, so ``fn`` must be a
+module-level function of an importable module (perflab's workers are; a function typed
+into a notebook cell is not). Ranks start from a **forkserver** that has imported torch
+once (:func:`_start_method`): a spawned rank spends 1.5-3 s of CPU importing torch (and
+``torch.distributed.pipelining`` or ``.tensor``) before ``fn`` runs, 4 ranks on 2 cores
+about 5 s of every launch. ``spawn`` is used instead whenever the forkserver could give
+a rank something other than a fresh process would: the environment changed since the
+forkserver started (a variable torch reads at import, such as ``TORCH_CPP_LOG_LEVEL``,
+would be stale), a :func:`perflab.labs.checking.watch_calls` block is open (its spy
+reaches spawned children only), or ``PERFLAB_START_METHOD=spawn``. Inside ``fn`` the default process group is already
 initialised (gloo on CPU with ``threads_per_rank`` torch threads, NCCL on CUDA with one
 GPU per local rank), so ``dist.get_rank()`` works.
 
@@ -84,6 +91,45 @@ class LaunchTimeoutError(TimeoutError):
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
         self.ranks = ranks
+
+
+#: What the forkserver imports once, so that no rank pays for it: torch and what
+#: perflab's rank bodies and the labs' student modules import. Student modules are never
+#: preloaded: each rank imports them fresh, so an edited file is what runs.
+_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor",
+            "torch.distributed.pipelining", "perflab.distributed.lifecycle",
+            "perflab.distributed.worker")
+_forkserver: dict[str, Any] = {}   # the forkserver this module started: "pid", "env"
+_forkserver_lock = threading.Lock()
+
+
+def _start_method() -> str:
+    """``"forkserver"`` (torch preloaded, started on first use) or ``"spawn"``; see the
+    module docstring for when spawn is chosen. Never raises: a forkserver that cannot
+    start means spawn."""
+    import multiprocessing
+    import multiprocessing.forkserver as mp_forkserver
+    import sys
+
+    if os.environ.get("PERFLAB_START_METHOD", "forkserver") == "spawn":
+        return "spawn"
+    checking = sys.modules.get("perflab.labs.checking")
+    if checking is not None and checking.watching():
+        return "spawn"
+    with _forkserver_lock:
+        try:
+            server = mp_forkserver._forkserver   # multiprocessing's one ForkServer
+            running = getattr(server, "_forkserver_pid", None)
+            if running is None:
+                multiprocessing.get_context("forkserver").set_forkserver_preload(
+                    list(_PRELOAD))
+                mp_forkserver.ensure_running()
+                _forkserver.update(pid=server._forkserver_pid, env=dict(os.environ))
+            elif running != _forkserver.get("pid"):
+                return "spawn"   # started by someone else, with an unknown environment
+        except Exception:  # noqa: BLE001 - any failure to start it: spawn, as before
+            return "spawn"
+        return "forkserver" if dict(os.environ) == _forkserver.get("env") else "spawn"
 
 
 def default_backend(device: str = "auto") -> str:
@@ -164,7 +210,7 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # as `torchrun --standalone`
-        max_restarts=0, monitor_interval=0.1, start_method="spawn",
+        max_restarts=0, monitor_interval=0.1, start_method=_start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     # the agent installs handlers that turn these signals into SignalException (so a
@@ -233,6 +279,19 @@ def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,
         first_line = errors[rank].splitlines()[0]
         return RankFailedError(f"rank {rank} raised {first_line}\n\n{errors[rank]}",
                                rank, errors)
+    silent = [r for r in range(world_size) if r not in errors
+              and not (Path(err_dir) / f"rank{r}.done").exists()]
+    if not genuine and not died and silent:
+        # Only peers' "connection lost" errors came back: the elastic agent reports the
+        # first process it saw end, and a forkserver child that raised exits at once
+        # (os._exit), often before the SIGKILLed one is reported. The rank that left no
+        # exception and never finished is the cause; its signal is not known here.
+        rank = silent[0]
+        after = "".join(f"\nthen rank {r}: {errors[r].splitlines()[0]}" for r in raised)
+        return RankFailedError(
+            f"rank {rank} died without a Python exception (its peers lost their connection "
+            f"to it){_oom_why(oom_before)}{after}", rank,
+            {**{r: str(f) for r, f in e.failures.items()}, **errors})
     if not died:
         rank = raised[0] if raised else min(e.failures)
         text = errors.get(rank, str(e.failures.get(rank)))
@@ -243,19 +302,21 @@ def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,
     failure = e.failures[rank]
     how = (f"signal {failure.signal_name()}" if failure.exitcode < 0
            else f"exit code {failure.exitcode}")
-    why = ""
-    if failure.exitcode == -9:
-        oom_after = oom_kills()
-        if oom_before is not None and oom_after is not None and oom_after > oom_before:
-            why = (f": the out-of-memory killer (this cgroup's oom_kill count went "
-                   f"{oom_before} -> {oom_after}); lower batch_size, image_size or "
-                   "world_size")
-        else:
-            why = (": killed from outside, most likely by the out-of-memory killer "
-                   "(check `dmesg`); lower batch_size, image_size or world_size")
+    why = _oom_why(oom_before) if failure.exitcode == -9 else ""
     after = "".join(f"\nthen rank {r}: {errors[r].splitlines()[0]}" for r in raised)
     return RankFailedError(f"rank {rank} died ({how}) without a Python exception{why}{after}",
                            rank, {**{r: str(f) for r, f in e.failures.items()}, **errors})
+
+
+def _oom_why(oom_before: int | None) -> str:
+    """Why a rank was killed without an exception: the out-of-memory killer when this
+    cgroup's ``oom_kill`` count went up during the launch, else most likely it."""
+    oom_after = oom_kills()
+    if oom_before is not None and oom_after is not None and oom_after > oom_before:
+        return (f": the out-of-memory killer (this cgroup's oom_kill count went "
+                f"{oom_before} -> {oom_after}); lower batch_size, image_size or world_size")
+    return (": killed from outside, most likely by the out-of-memory killer "
+            "(check `dmesg`); lower batch_size, image_size or world_size")
 
 
 def _innermost_frame(dump: str) -> str:

@@ -55,14 +55,17 @@ def start_watchdog(timeout_s: float, rank: int, err_path: Path) -> threading.Tim
 def exit_with_parent(parent_pid: int) -> threading.Thread:
     """Exit this rank (``os._exit``) once ``parent_pid`` is gone.
 
-    A rank is a child of the launching process; when that dies (a notebook kernel killed
-    or restarted) the rank is re-parented, so ``os.getppid()`` changes. Polled by a
-    daemon thread (a heartbeat) because Linux's PR_SET_PDEATHSIG fires when the
-    *thread* that spawned the rank ends, and is Linux-only.
+    A rank is a child of the launching process (spawn) or of its forkserver, which exits
+    with it; when that dies (a notebook kernel killed or restarted) the rank is
+    re-parented, so ``os.getppid()`` changes. Polled by a daemon thread (a heartbeat)
+    because Linux's PR_SET_PDEATHSIG fires when the *thread* that spawned the rank ends,
+    and is Linux-only.
     """
+    born_of = os.getppid()
+
     def watch() -> None:
         while True:
-            if os.getppid() != parent_pid or not psutil.pid_exists(parent_pid):
+            if os.getppid() != born_of or not psutil.pid_exists(parent_pid):
                 os._exit(TIMEOUT_EXIT_CODE)
             threading.Event().wait(PARENT_POLL_S)
 

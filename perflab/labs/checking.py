@@ -40,7 +40,8 @@ import types
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, MutableMapping
 
-__all__ = ["calls_to", "watch_calls", "code_fingerprint", "SWITCHED_OFF", "resolve"]
+__all__ = ["calls_to", "watch_calls", "watching", "code_fingerprint", "SWITCHED_OFF",
+           "resolve"]
 
 
 @contextmanager
@@ -438,6 +439,22 @@ def _write_all(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
+def _stop_forkserver() -> None:
+    """Stop multiprocessing's forkserver if one runs (its children live on). One started
+    before a block never got the spy, and one started inside it carries the spy of a
+    block that is over: the block's first forkserver child starts a fresh one through
+    the patched launcher, and the first use after the block another fresh one. Uses
+    ``ForkServer._stop`` (CPython 3.8+, private but what multiprocessing's own tests
+    call); where it is missing the forkserver stays (the documented limit)."""
+    fs = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(fs, "_forkserver", None)
+    if server is not None and getattr(server, "_forkserver_pid", None) is not None:
+        try:
+            server._stop()
+        except Exception:  # noqa: BLE001 - never let the spy break the graded call
+            pass
+
+
 def _patch_multiprocessing() -> None:
     global _REAL_SPAWNV
     import multiprocessing.util as mp_util
@@ -445,12 +462,14 @@ def _patch_multiprocessing() -> None:
     if mp_util.spawnv_passfds is not _spawnv_passfds:
         _REAL_SPAWNV = mp_util.spawnv_passfds
         mp_util.spawnv_passfds = _spawnv_passfds
+        _stop_forkserver()
 
 
 def _unpatch_multiprocessing() -> None:
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None and mp_util.spawnv_passfds is _spawnv_passfds:
         mp_util.spawnv_passfds = _REAL_SPAWNV
+        _stop_forkserver()
 
 
 def _spy_child(fd: int) -> None:
@@ -534,6 +553,12 @@ def _targets(targets: Mapping[str, Any]) -> tuple[dict, dict, list]:
     return codes, c_funcs, c_names
 
 
+def watching() -> bool:
+    """Whether a :func:`watch_calls` block is open in this process (a launcher must then
+    spawn its children, so that the spy starts in them)."""
+    return bool(_WATCHES)
+
+
 @contextmanager
 def watch_calls(targets: Mapping[str, Any]) -> Iterator[list[str]]:
     """Record which of ``targets`` (label -> function or class) run inside the block,
@@ -572,8 +597,9 @@ def watch_calls(targets: Mapping[str, Any]) -> Iterator[list[str]]:
       both called, or two profilers left on), :data:`SWITCHED_OFF` is recorded.
 
     Limits (what it does not see): processes started *before* the block (a persistent
-    DataLoader worker, a ``Pool`` or a forkserver made in an earlier cell never got the
-    hooks); programs started with ``subprocess``, ``os.exec*`` or ``os.posix_spawn`` (no
+    DataLoader worker or a ``Pool`` made in an earlier cell never got the hooks; a
+    forkserver running when the block opens is stopped, so the block's forkserver
+    children come from a fresh, watched one); programs started with ``subprocess``, ``os.exec*`` or ``os.posix_spawn`` (no
     spy in them; the answer scan flags those modules); threads that C code starts inside
     the block without ``threading`` (``_thread.start_new_thread``, which the scan flags,
     or a C library's own threads); threads that existed before the block on an

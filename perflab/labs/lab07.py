@@ -24,10 +24,10 @@ a rank's compute and its wait for the others cannot be told apart; here the grad
 are summed after backward, once. With unequal micro-batches the sum is the global-batch
 gradient only if rank r's loss is weighted b_r / B (the mean of per-rank means, DDP's
 divide-by-world-size, is biased toward the smaller micro-batch): the student's
-``rank_loss`` does it. Recording runs (no student module, outside the grading sandbox)
-use the grader-only references of :mod:`perflab.course.references.lab07`; a student
-module without a working ``rank_loss`` gets DDP's 1 / world_size weighting (biased for
-unequal micro-batches) and an error in its record.
+``rank_loss`` does it. Recording runs (``benchmarks/record_stragglers.py``) pass the
+grader-only :mod:`perflab.course.references.lab07` as the module; without a module, or
+with one without a working ``rank_loss``, the run uses DDP's 1 / world_size weighting
+(biased for unequal micro-batches; a failure is recorded as an error).
 
 :func:`debug_rank` is the rank body of the lab's debug-output section: a few collectives
 under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` with one rank issuing a different one, the
@@ -129,15 +129,11 @@ def _call(errors: list, what: str, fn: Any, *args: Any) -> Any:
 
 def _rank_loss(student: Any, logits: torch.Tensor, y: torch.Tensor, global_batch: int,
                ws: int, errors: list) -> torch.Tensor:
-    """The student's ``rank_loss``; a recording run (no student) uses the grader-only
-    reference; a student module without a working one gets DDP's weighting (the mean
-    over this rank's micro-batch divided by ``world_size``, biased toward the smaller
-    micro-batch): the error is recorded and the run goes on."""
-    if student is None:
-        from perflab.course.references.lab07 import reference_rank_loss
-
-        return reference_rank_loss(logits, y, global_batch, ws)
-    fn = getattr(student, "rank_loss", None)
+    """The student module's ``rank_loss``; without a module, or a module without a
+    working one, DDP's weighting (the mean over this rank's micro-batch divided by
+    ``world_size``, biased toward the smaller micro-batch; a failure is recorded in
+    ``errors`` and the run goes on)."""
+    fn = getattr(student, "rank_loss", None) if student is not None else None
     if fn is not None:
         got = _call(errors, "rank_loss", fn, logits, y, global_batch, ws)
         if isinstance(got, torch.Tensor) and got.dim() == 0 and got.requires_grad:
@@ -235,10 +231,9 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
             measurements), e.g. [none, slow, rebalanced, slow again] runs as
             (none | slow), then (rebalanced | slow again).
         student_module: module name of the student's file (``straggler_student`` for
-            ``straggler_student.py`` in the working folder), or None: perflab's own
-            gather and loss weighting (the grader-only
-            :mod:`perflab.course.references.lab07`, present outside the sandbox), no
-            detector.
+            ``straggler_student.py`` in the working folder; recording runs pass the
+            grader-only ``perflab.course.references.lab07``), or None: no gather, DDP's
+            1 / world_size loss weighting, no detector.
         sizes: the MLP's widths; input ``(b, sizes[0])`` float32, ``b`` = this rank's
             micro-batch.
         global_batch: samples per step over all ranks (>= world_size).
@@ -271,10 +266,7 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
     if student_module and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the student's file sits in the working folder
     student = importlib.import_module(student_module) if student_module else None
-    if student is None:
-        from perflab.course.references.lab07 import reference_gather as gather
-    else:
-        gather = getattr(student, "all_gather_times", None)
+    gather = getattr(student, "all_gather_times", None) if student else None
     errors: list[str] = []
     fixed = _call(errors, "all_gather_times", gather, 0.1 * (rank + 1)) if gather else None
 

@@ -194,12 +194,14 @@ def one_rank(tmp_path):
 
 
 def test_rank_body_records_every_measured_step(one_rank):
-    from perflab.labs.lab07 import reference_gather, straggler_rank
+    from perflab.course.references.lab07 import reference_gather
+    from perflab.labs.lab07 import straggler_rank
 
     assert reference_gather(0.25) == [0.25]
     out = straggler_rank([{"name": "a", "steps": 3, "slow": {}, "batch": "even"},
                           {"name": "b", "steps": 2, "slow": {0: [0.0, 0.5]}, "batch": [64]}],
-                         None, sizes=(8, 16, 4), global_batch=64, warmup=1)
+                         "perflab.course.references.lab07", sizes=(8, 16, 4), global_batch=64,
+                         warmup=1)
     assert out["rank"] == 0 and out["world_size"] == 1 and out["fixed_gather"] == [0.1]
     a, b = out["phases"]
     assert [len(a[k]) for k in ("compute_s", "cpu_s", "wait_s", "step_s", "gathered")] == [3] * 5

@@ -43,9 +43,11 @@ def _dataset_before_any_launch(tiny_dataset):
 
 
 def _rank_children() -> set[int]:
-    """Processes under this one that are spawned ranks (not multiprocessing's tracker)."""
+    """Processes under this one that are ranks (not multiprocessing's resource tracker
+    or the forkserver that launch_fn keeps for the next launch)."""
     return {p.pid for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())}
+            if not any(k in " ".join(p.cmdline())
+                       for k in ("resource_tracker", "multiprocessing.forkserver"))}
 
 
 def _nested():
