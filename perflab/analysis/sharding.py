@@ -135,13 +135,21 @@ class count_collectives:  # noqa: N801 - used as a context manager, named like o
     reduce-scatter; per rank, per call. A collective called inside another one (a
     wrapper delegating to another wrapped function) counts once.
 
+    Set ``phase`` (a label such as ``"backward"`` or ``"step"``) while a part of the step
+    runs to learn where each collective was issued: ``phase_calls[phase][kind]`` counts
+    them (how Lab 09 checks that ZeRO-2's reduce-scatters run during ``backward()``).
+
     Attributes:
         calls: kind -> number of calls. bytes: kind -> message bytes.
+        phase: the label calls are counted under in ``phase_calls`` ("" by default).
+        phase_calls: phase -> kind -> number of calls.
     """
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = defaultdict(int)
         self.bytes: dict[str, int] = defaultdict(int)
+        self.phase = ""
+        self.phase_calls: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._saved: dict[str, Any] = {}
         self._depth = 0
 
@@ -157,6 +165,7 @@ class count_collectives:  # noqa: N801 - used as a context manager, named like o
                 bound = sig.bind_partial(*args, **kwargs).arguments
                 message = bound.get(arg, bound.get("output_tensor", bound.get("tensor")))
                 self.calls[kind] += 1
+                self.phase_calls[self.phase][kind] += 1
                 self.bytes[kind] += _message_nbytes(message)
             self._depth += 1
             try:

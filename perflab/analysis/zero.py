@@ -46,9 +46,10 @@ __all__ = ["ZeroMemory", "zero_memory", "zero_table", "zero_vs_measured", "ZERO_
 GB = 1e9
 #: Stage number -> the paper's name for what is partitioned (Figure 1).
 ZERO_STAGES = {0: "baseline (DDP)", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
-#: The ZeRO stage each Lab 09 method implements (FSDP2's fully_shard shards all three).
+#: The ZeRO stage each Lab 09 method implements (FSDP2's fully_shard shards all three;
+#: "zero2" is the student's P_os+g).
 METHOD_STAGE = {"ddp": 0, "ddp_fp16": 0, "ddp_powersgd": 0, "zero1": 1,
-                "zero_redundancy": 1, "fsdp2": 3}
+                "zero_redundancy": 1, "zero2": 2, "fsdp2": 3}
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,8 @@ def record_check_outputs(solution: str | Path, *, cell_timeout_s: float = 600.0)
     """Run a solution notebook and store the outputs of its check cells only.
 
     The stored ``PASS: ...`` lines of the cells tagged ``nbval-check-output`` are what
-    nbval (and grading) compare against; every other cell is saved without outputs, and
+    nbval (and grading) compare against (their stderr is not stored: warnings and rank
+    logs are not part of a verdict); every other cell is saved without outputs, and
     saved widget state is dropped. The notebook runs in its own folder, in a kernel of
     the current environment. Nothing is written when a cell raises.
 
@@ -188,6 +189,9 @@ def record_check_outputs(solution: str | Path, *, cell_timeout_s: float = 600.0)
     for cell in nb.cells:
         if cell.cell_type == "code" and not is_check(cell):
             cell.outputs, cell.execution_count = [], None
+        elif cell.cell_type == "code":   # a check's verdict is on stdout; stderr (warnings,
+            cell.outputs = [o for o in cell.outputs   # a rank's log) is not compared
+                            if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, str(path))
     return ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells if is_check(c)]

@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -101,6 +102,12 @@ def rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: flo
     rank = int(os.environ["RANK"])
     err_path = Path(err_dir) / f"rank{rank}.err"
     watchdog = start_watchdog(timeout_s, rank, err_path)
+    # torch 2.13 renamed these two collectives (reduce_scatter_single, all_gather_single)
+    # and warns on every rank; the labs teach the names of the ZeRO/FSDP literature and
+    # say so, and a warning per rank would land in whatever notebook cell is running
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r".*torch\.distributed\.(reduce_scatter_tensor|"
+                                    r"all_gather_into_tensor)` is deprecated")
     try:
         torch.set_num_threads(threads_per_rank)
         if pin_cores:

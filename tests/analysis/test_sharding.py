@@ -126,6 +126,44 @@ def test_count_collectives_counts_a_nested_call_once(one_rank):
     assert dict(comm.calls) == {"all_gather": 1} and comm.bytes["all_gather"] == 32
 
 
+def test_count_collectives_counts_by_phase(one_rank):
+    """Where each collective was issued (how Lab 09 tells a ZeRO-2 that reduce-scatters
+    during backward from one that does it in step())."""
+    with count_collectives() as comm:
+        comm.phase = "backward"
+        dist.reduce_scatter_tensor(torch.empty(4), torch.ones(4))
+        dist.reduce_scatter_tensor(torch.empty(4), torch.ones(4))
+        comm.phase = "step"
+        dist.all_gather_into_tensor(torch.empty(4), torch.ones(4))
+        comm.phase = ""
+        dist.all_reduce(torch.ones(2))
+    assert {k: dict(v) for k, v in comm.phase_calls.items()} == {
+        "backward": {"reduce_scatter": 2}, "step": {"all_gather": 1}, "": {"all_reduce": 1}}
+
+
+def test_held_gradient_bytes_counts_each_storage_once_and_no_parameter_or_state():
+    from perflab.labs.lab09 import held_gradient_bytes
+    from perflab.models import mlp
+
+    model = mlp([4, 8, 2])                       # 58 parameters
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()                                   # state (exp_avg, ...) is not a gradient
+    assert held_gradient_bytes(model, opt, opt) == 4 * 58   # DDP-like: every p.grad
+
+    class Hand:                                  # a hand-written optimizer's buffers
+        def __init__(self):
+            self.params = list(model.parameters())          # parameters: not counted
+            self.flat = torch.zeros(30)
+            self.views = [self.flat[:10], self.flat[10:]]   # views of flat: counted once
+            self.pending = {"bucket": (None, torch.zeros(5, dtype=torch.float64))}
+            self.local_optimizer = opt
+
+    for p in model.parameters():
+        p.grad = None
+    assert held_gradient_bytes(model, Hand(), opt) == 4 * 30 + 8 * 5
+
+
 def test_count_collectives_errors():
     comm = count_collectives()
     with pytest.raises(ValueError, match="steps must be an int >= 1"):

@@ -506,7 +506,137 @@ def test_the_core_label_is_printed_from_the_machine():
 # -- check_zero2: the student's ZeRO-2, run on 2 gloo ranks (this lab's launch and the hidden one) --
 _ZERO2 = '''
 class MyZero2:
-    def __init__(self, params, lr=1e-3, weight_decay=0.01):
+    def __init__(self, params, lr=1e-3, weight_decay=0.01, bucket_cap_mb=25):
+        self.params = list(params)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        cap, self.buckets, size = bucket_cap_mb * 2 ** 20, [[]], 0
+        for p in reversed(self.params):
+            if self.buckets[-1] and size + 4 * p.numel() > cap:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += 4 * p.numel()
+        self.chunks = [-(-sum(p.numel() for p in b) // self.world_size) for b in self.buckets]
+        self.shards = []
+        for b, c in zip(self.buckets, self.chunks):
+            flat = self._flat([p.detach() for p in b], c)
+            self.shards.append(torch.nn.Parameter(flat[self.rank * c:(self.rank + 1) * c].clone()))
+        self.local_optimizer = torch.optim.AdamW(self.shards, lr=lr, weight_decay=weight_decay)
+        self.bucket_of = {{id(p): k for k, b in enumerate(self.buckets) for p in b}}
+        self.ready = [0] * len(self.buckets)
+        self.reduced = [None] * len(self.buckets)
+        self.in_flight = None
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _flat(self, tensors, chunk):
+        flat = tensors[0].new_zeros(chunk * self.world_size)
+        flat[:sum(t.numel() for t in tensors)] = torch.cat([t.flatten() for t in tensors])
+        return flat
+
+    def _grad_ready(self, p):
+        k = self.bucket_of[id(p)]
+        self.ready[k] += 1
+        if self.ready[k] < len(self.buckets[k]):
+            return
+        self.ready[k] = 0
+        flat = self._flat([q.grad for q in self.buckets[k]], self.chunks[k])
+{free}        mine = torch.empty(self.chunks[k], dtype=flat.dtype)
+{reduce}
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for shard, (work, mine) in zip(self.shards, self.reduced):
+            work.wait()
+            shard.grad = {mean}
+        self.in_flight, self.reduced = None, [None] * len(self.buckets)
+        self.local_optimizer.step()
+        for b, c, shard in zip(self.buckets, self.chunks, self.shards):
+            shard.grad = None
+            full = shard.new_empty(c * self.world_size)
+            dist.all_gather_into_tensor(full, shard.detach())
+            offset = 0
+            for p in b:
+                p.copy_(full[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+'''
+_FREE = ("        for q in self.buckets[k]:\n"
+         "            q.grad = None\n")
+_RS = ("        work = dist.reduce_scatter_tensor(mine, flat, async_op=True)\n"
+       "        if self.in_flight is not None:\n"
+       "            self.in_flight[0].wait()\n"
+       "        self.in_flight = (work, flat)\n"
+       "        self.reduced[k] = (work, mine)\n")
+_GOOD_ZERO2 = _ZERO2.format(free=_FREE, reduce=_RS, mean="mine / self.world_size")
+
+# written differently: torch 2.13's names, a synchronous reduce-scatter in the hook (nothing
+# left in flight), buckets by a running byte count kept per bucket, a functional copy-back
+_HONEST_ZERO2 = '''
+class _Done:
+    def wait(self):
+        pass
+
+
+class MyZero2:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01, bucket_cap_mb=25):
+        self.params = list(params)
+        ws, rank = dist.get_world_size(), dist.get_rank()
+        self.groups, sizes = [], []
+        for p in self.params[::-1]:
+            if not self.groups or sizes[-1] + p.numel() * 4 > bucket_cap_mb * 1024 * 1024:
+                self.groups.append([])
+                sizes.append(0)
+            self.groups[-1].append(p)
+            sizes[-1] += p.numel() * 4
+        self.pads, self.shards = [], []
+        for g in self.groups:
+            n = sum(p.numel() for p in g)
+            self.pads.append((ws - n % ws) % ws)
+            flat = torch.nn.functional.pad(
+                torch.nn.utils.parameters_to_vector([p.detach() for p in g]), (0, self.pads[-1]))
+            self.shards.append(torch.nn.Parameter(flat.chunk(ws)[rank].clone()))
+        self.local_optimizer = torch.optim.AdamW(self.shards, lr=lr, weight_decay=weight_decay)
+        self.got = {}
+        self.out = {}
+        for i, g in enumerate(self.groups):
+            for p in g:
+                p.register_post_accumulate_grad_hook(lambda p, i=i: self._hook(i))
+
+    def _hook(self, i):
+        g = self.groups[i]
+        self.got[i] = self.got.get(i, 0) + 1
+        if self.got[i] != len(g):
+            return
+        self.got[i] = 0
+        flat = torch.nn.functional.pad(torch.cat([p.grad.reshape(-1) for p in g]), (0, self.pads[i]))
+        for p in g:
+            p.grad = None
+        out = torch.zeros_like(self.shards[i])
+        dist.reduce_scatter_single(out, flat.div(dist.get_world_size()))
+        self.out[i] = out
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for i, shard in enumerate(self.shards):
+            shard.grad = self.out.pop(i)
+        self.local_optimizer.step()
+        for g, pad, shard in zip(self.groups, self.pads, self.shards):
+            shard.grad = None
+            gathered = shard.new_zeros(shard.numel() * dist.get_world_size())
+            dist.all_gather_single(gathered, shard.data)
+            torch.nn.utils.vector_to_parameters(gathered[:gathered.numel() - pad], g)
+'''
+# today's main's MyZero2, the paper's P_os (section 7): every p.grad kept until step()
+_POS_IN_STEP = '''
+class MyZero2:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01, bucket_cap_mb=25):
         self.params = list(params)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.numel = sum(p.numel() for p in self.params)
@@ -514,7 +644,7 @@ class MyZero2:
         flat = self._flat([p.detach() for p in self.params])
         start = self.rank * self.chunk
         self.shard = torch.nn.Parameter(flat[start:start + self.chunk].clone())
-        self.local_optimizer = torch.optim.AdamW({optimized}, lr=lr, weight_decay=weight_decay)
+        self.local_optimizer = torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)
 
     def _flat(self, tensors):
         flat = tensors[0].new_zeros(self.chunk * self.world_size)
@@ -528,7 +658,9 @@ class MyZero2:
     @torch.no_grad()
     def step(self):
         grads = self._flat([p.grad for p in self.params])
-{reduce}
+        mine = torch.empty_like(self.shard)
+        dist.reduce_scatter_tensor(mine, grads)
+        self.shard.grad = mine / self.world_size
         self.local_optimizer.step()
         full = torch.empty_like(grads)
         dist.all_gather_into_tensor(full, self.shard.detach())
@@ -537,72 +669,29 @@ class MyZero2:
             p.copy_(full[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 '''
-_RS = ("        mine = torch.empty_like(self.shard)\n"
-       "        dist.reduce_scatter_tensor(mine, grads)\n"
-       "        self.shard.grad = mine / self.world_size\n")
-_GOOD_ZERO2 = _ZERO2.format(optimized="[self.shard]", reduce=_RS)
-
-# written differently: torch 2.13's names, torch.chunk, a functional copy-back
-_HONEST_ZERO2 = '''
-class MyZero2:
-    def __init__(self, params, lr=1e-3, weight_decay=0.01):
-        self.params = list(params)
-        ws = dist.get_world_size()
-        n = sum(p.numel() for p in self.params)
-        self.pad = (ws - n % ws) % ws
-        flat = torch.nn.utils.parameters_to_vector([p.detach() for p in self.params])
-        flat = torch.nn.functional.pad(flat, (0, self.pad))
-        self.shard = torch.nn.Parameter(flat.chunk(ws)[dist.get_rank()].clone())
-        self.local_optimizer = torch.optim.AdamW([self.shard], lr=lr, weight_decay=weight_decay)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self):
-        ws = dist.get_world_size()
-        g = torch.nn.functional.pad(torch.cat([p.grad.reshape(-1) for p in self.params]), (0, self.pad))
-        out = torch.zeros_like(self.shard)
-        dist.reduce_scatter_single(out, g.div(ws))
-        self.shard.grad = out
-        self.local_optimizer.step()
-        gathered = torch.zeros_like(g)
-        dist.all_gather_single(gathered, self.shard.data)
-        torch.nn.utils.vector_to_parameters(gathered[:gathered.numel() - self.pad], self.params)
-'''
 WRONG_ZERO2 = {
-    # the gradients all-reduced, then each rank slices its chunk: right parameters,
-    # half as many bytes again as DDP per rank
-    "all-reduces the gradients": _ZERO2.format(optimized="[self.shard]", reduce=(
-        "        dist.all_reduce(grads)\n"
-        "        self.shard.grad = grads[self.rank * self.chunk:(self.rank + 1) * self.chunk] / self.world_size\n")),
-    # every rank keeps AdamW over the whole model (DDP with extra steps): no sharding
-    "steps the whole model": '''
-class MyZero2:
-    def __init__(self, params, lr=1e-3, weight_decay=0.01):
-        self.params = list(params)
-        self.local_optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self):
-        ws = dist.get_world_size()
-        for p in self.params:
-            dist.all_reduce(p.grad)
-            p.grad /= ws
-        self.local_optimizer.step()
-''',
+    # the paper's P_os: the right parameters and bytes, but the reduce-scatter runs in
+    # step() and every rank holds all the gradients when backward ends
+    "reduce-scatters in step(), P_os": _POS_IN_STEP,
+    # reduce-scatters from the hooks but keeps every full gradient: DDP's gradient memory
+    "never frees the full gradients": _ZERO2.format(free="", reduce=_RS,
+                                                    mean="mine / self.world_size"),
     # the sum, not the mean: Adam's update barely moves, its first moment doubles
-    "forgets to divide by the world size": _ZERO2.format(optimized="[self.shard]", reduce=(
-        "        mine = torch.empty_like(self.shard)\n"
-        "        dist.reduce_scatter_tensor(mine, grads)\n"
-        "        self.shard.grad = mine\n")),
+    "forgets to divide by the world size": _ZERO2.format(free=_FREE, reduce=_RS, mean="mine"),
+    # each bucket all-reduced in the hook, then sliced: no reduce-scatter, twice the bytes
+    "all-reduces each bucket": _ZERO2.format(free=_FREE, mean="mine / self.world_size", reduce=(
+        "        dist.all_reduce(flat)\n"
+        "        mine.copy_(flat[self.rank * self.chunks[k]:(self.rank + 1) * self.chunks[k]])\n"
+        "        self.reduced[k] = (_Done(), mine)\n")) + '''
+
+class _Done:
+    def wait(self):
+        pass
+''',
     # torch's ZeRO-1 under the ZeRO-2 name: seen on the ranks (and its collectives differ)
     "wraps ZeroRedundancyOptimizer": _ZERO_REDUNDANCY_WRAPPER.replace("MyZero1", "MyZero2").replace(
+        "def __init__(self, params, lr=1e-3, weight_decay=0.01):",
+        "def __init__(self, params, lr=1e-3, weight_decay=0.01, bucket_cap_mb=25):").replace(
         "        self._zero.step()\n",
         "        for p in self.params:\n"
         "            dist.all_reduce(p.grad)\n"
@@ -614,9 +703,10 @@ class MyZero2:
 def _zero2_ns(tmp_path, monkeypatch, zero2: str) -> dict:
     student = _module(tmp_path, monkeypatch, _GOOD_COUNTER, _GOOD_ZERO1 + zero2)
     ranks = launch_fn(sharding_rank, 2, device="cpu", timeout_s=300,
-                      args=(["ddp", "zero2"], [32] * 9, 8, 6, student.__name__))
+                      args=(["ddp", "zero2"], [32] * 9, 8, 6, student.__name__, 1e-2, 0.01, 0,
+                            "cpu", 20_000, 0.01))
     return {"__name__": "__main__", "small2": ranks, "zero1_student": student, "torch": torch,
-            "STEPS": 6, "WORLD_SIZE": 2}
+            "STEPS": 6, "WORLD_SIZE": 2, "ZERO2_BUCKET_MB": 0.01}
 
 
 @slow
@@ -656,7 +746,8 @@ def test_zero2_solution_calls_the_collectives_itself():
     """Issue 28: the student's own code calls reduce_scatter_tensor and
     all_gather_into_tensor (the solution's %%writefile cell)."""
     cell = NB.cells["zero1_file"]
-    for name in ("class MyZero2", "dist.reduce_scatter_tensor(", "dist.all_gather_into_tensor("):
+    for name in ("class MyZero2", "dist.reduce_scatter_tensor(", "dist.all_gather_into_tensor(",
+                 "register_post_accumulate_grad_hook(", "async_op=True", "q.grad = None"):
         assert name in cell, name
 
 

@@ -45,6 +45,7 @@ from perflab.models import mlp, mlp_batches
 from perflab.labs.lab09.prefetch import prefetch_order_rank
 
 __all__ = ["sharding_rank", "SHARDING_METHODS", "ZERO_FORBIDDEN", "fsdp2_rank",
+           "held_gradient_bytes",
            "tasks_rank", "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
 
 #: The shipped recording of 1-, 2- and 4-rank weak and strong scaling runs
@@ -58,7 +59,8 @@ SHARDING_METHODS = {
     "ddp_powersgd": "DDP + AdamW, torch's PowerSGD hook (rank 1)",
     "zero1": "DDP + your ZeRO-1 (optimizer state sharded by parameter)",
     "zero_redundancy": "DDP + torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1)",
-    "zero2": "your ZeRO-2, no DDP (gradients reduce-scattered, AdamW on a flat shard)",
+    "zero2": "your ZeRO-2 (P_os+g), no DDP: each bucket of gradients reduce-scattered "
+             "during backward and freed, AdamW on this rank's shard",
     "fsdp2": "FSDP2: fully_shard per Linear and the root (params, grads, state sharded)",
 }
 
@@ -72,13 +74,15 @@ ZERO_FORBIDDEN = ("torch.distributed.optim.ZeroRedundancyOptimizer",
 
 
 def _build(method: str, model: torch.nn.Module, device: torch.device, lr: float,
-           weight_decay: float, student: Any) -> tuple[torch.nn.Module, Any, Any]:
+           weight_decay: float, student: Any,
+           zero2_bucket_cap_mb: float | None = None) -> tuple[torch.nn.Module, Any, Any]:
     """(module to call, optimizer to step, optimizer whose state is this rank's)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if method == "zero2":  # the student's: no DDP, their step() does the communication
-        opt = student.MyZero2(model.parameters(), lr=lr, weight_decay=weight_decay)
+    if method == "zero2":  # the student's: no DDP, their hooks and step() communicate
+        kw = {} if zero2_bucket_cap_mb is None else {"bucket_cap_mb": zero2_bucket_cap_mb}
+        opt = student.MyZero2(model.parameters(), lr=lr, weight_decay=weight_decay, **kw)
         return model, opt, opt.local_optimizer
     if method == "fsdp2":
         from torch.distributed.fsdp import fully_shard
@@ -112,7 +116,8 @@ def _build(method: str, model: torch.nn.Module, device: torch.device, lr: float,
 def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, steps: int,
                   student_module: str | None = None, lr: float = 1e-2,
                   weight_decay: float = 0.01, seed: int = 0, device: str = "cpu",
-                  params_up_to: int = 20_000) -> dict[str, dict[str, Any]]:
+                  params_up_to: int = 20_000,
+                  zero2_bucket_cap_mb: float | None = None) -> dict[str, dict[str, Any]]:
     """Rank body: train :func:`mlp` ``(sizes)`` with each method; measure this rank.
 
     Args:
@@ -127,6 +132,8 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         lr, weight_decay: AdamW's.
         device: "cpu" or "cuda" (this rank's GPU).
         params_up_to: return the final parameters when the model has at most this many.
+        zero2_bucket_cap_mb: passed to the student's ``MyZero2`` as ``bucket_cap_mb``
+            (None: its own default).
 
     Returns:
         method -> ``{"state": state_bytes(...), "student_optimizer_bytes": int | None,
@@ -136,7 +143,11 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         local optimizer's ``exp_avg`` buffers flattened in its parameter order, a list of
         floats, for "zero1" and "zero2" only; None otherwise), "delegated" (the names in
         :data:`ZERO_FORBIDDEN` that ran while the student's optimizer was built and
-        stepped, for "zero1" and "zero2"; ``[]`` otherwise)}``.
+        stepped, for "zero1" and "zero2"; ``[]`` otherwise), "grad_bytes_after_backward"
+        (the most gradient bytes this rank held right after a ``backward()`` returned,
+        :func:`held_gradient_bytes`), "state_tensors" (parameters with optimizer state
+        on this rank), "calls_in_backward" / "calls_in_step" (kind ->
+        collectives per step issued while ``backward()`` / ``step()`` ran, steady state)}``.
 
     Raises:
         ValueError: an unknown method, steps < 2, or "zero1" / "zero2" without
@@ -164,15 +175,23 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         was_reset = reset_peak(dev)
         losses: list[float] = []
         with _watch_student(method in ("zero1", "zero2")) as delegated:
-            module, opt, holder = _build(method, model, dev, lr, weight_decay, student)
+            module, opt, holder = _build(method, model, dev, lr, weight_decay, student,
+                                         zero2_bucket_cap_mb)
+            held = 0
             with count_collectives() as comm:
                 for s, (x, y) in enumerate(data):
                     if s == 1:  # from the second step on: the steady state
                         comm.calls.clear()
                         comm.bytes.clear()
+                        comm.phase_calls.clear()
                     loss = torch.nn.functional.cross_entropy(module(x), y)
+                    comm.phase = "backward"
                     loss.backward()
+                    comm.phase = ""
+                    held = max(held, held_gradient_bytes(model, opt, holder))
+                    comm.phase = "step"
                     opt.step()
+                    comm.phase = ""
                     losses.append(float(loss.detach()))
                     if s < steps - 1:
                         opt.zero_grad(set_to_none=True)
@@ -192,9 +211,65 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
             "comm_calls_per_step": {k: v / (steps - 1) for k, v in comm.calls.items()},
             "losses": losses, "params": params,
             "exp_avg": _exp_avg(holder) if method in ("zero1", "zero2") else None,
-            "delegated": sorted(delegated)}
+            "delegated": sorted(delegated), "grad_bytes_after_backward": held,
+            "state_tensors": len(getattr(holder, "state", {})),
+            "calls_in_backward": {k: v / (steps - 1)
+                                  for k, v in comm.phase_calls.get("backward", {}).items()},
+            "calls_in_step": {k: v / (steps - 1)
+                              for k, v in comm.phase_calls.get("step", {}).items()}}
         dist.barrier()
     return out
+
+
+def held_gradient_bytes(model: torch.nn.Module, optimizer: Any, holder: Any) -> int:
+    """Bytes of gradient storage a rank holds now: every ``p.grad`` of ``model`` (a
+    DTensor's local shard), the ``.grad`` of the parameters ``holder`` (the optimizer
+    whose state is this rank's) steps, and every other tensor reachable from
+    ``optimizer``'s attributes (lists, tuples and dicts of them, three levels deep: a
+    ZeRO-2's reduced shards and bucket buffers). Parameters, their storage and
+    ``holder``'s state (Adam's moments) are not gradients and are left out; each storage
+    counts once, whole (a view keeps all of it alive).
+
+    For DDP this is Ψ·4 bytes in fp32 (its buckets hold every gradient); for ZeRO-2
+    (P_os+g, Rajbhandari et al. 2020, §5.2) Ψ·4/N plus what is still in flight.
+    """
+    def storage(t: Any) -> Any:
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        return t.untyped_storage() if isinstance(t, torch.Tensor) else None
+
+    groups = getattr(holder, "param_groups", []) or []
+    theirs = [p for g in groups for p in g["params"]]
+    skip = {storage(p).data_ptr() for p in [*model.parameters(), *theirs]}
+    for state in getattr(holder, "state", {}).values():
+        skip |= {storage(v).data_ptr() for v in state.values() if isinstance(v, torch.Tensor)}
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        st = storage(t)
+        if st is None or st.data_ptr() in skip or st.data_ptr() in seen or st.nbytes() == 0:
+            return
+        seen.add(st.data_ptr())
+        total += st.nbytes()
+
+    def walk(obj: Any, depth: int) -> None:
+        if isinstance(obj, torch.Tensor):
+            add(obj)
+        elif depth and isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, depth - 1)
+        elif depth and isinstance(obj, dict):
+            for v in obj.values():
+                walk(v, depth - 1)
+
+    for p in [*model.parameters(), *theirs]:
+        add(p.grad)
+    if optimizer is not holder and not isinstance(optimizer, torch.optim.Optimizer):
+        for value in vars(optimizer).values():   # a hand-written optimizer's buffers
+            walk(value, 3)
+    return total
 
 
 def _watch_student(student_code: bool) -> Any:
