@@ -934,27 +934,42 @@ def test_scaling_written_answer_is_a_rubric():
 # -- check_prefetch: the student's my_prefetch, the order recorded on 2 gloo ranks ------------------
 _GOOD_PREFETCH = NB.cells["zero1_file"].split("def my_prefetch(model):", 1)[1]
 _GOOD_PREFETCH = "\ndef my_prefetch(model):" + _GOOD_PREFETCH
-# written differently: modules(), backward first, zip over neighbours, returns None
+# written differently: modules(), backward first, explicit indices, returns None
 _HONEST_PREFETCH = '''
 def my_prefetch(model):
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    for later, earlier in zip(layers[1:], layers[:-1]):
-        later.set_modules_to_backward_prefetch([earlier])
-        earlier.set_modules_to_forward_prefetch([later])
+    n = len(layers)
+    for i in range(n):
+        earlier = [layers[j] for j in (i - 1, i - 2) if j >= 0]
+        if earlier:
+            layers[i].set_modules_to_backward_prefetch(earlier)
+        later = [layers[j] for j in (i + 1, i + 2) if j < n]
+        if later:
+            layers[i].set_modules_to_forward_prefetch(later)
+'''
+_ONE_AHEAD = '''
+def my_prefetch(model):
+    blocks = [m for m in model if isinstance(m, torch.nn.Linear)]
+    for i, block in enumerate(blocks):
+        if i + 1 < len(blocks):
+            block.set_modules_to_forward_prefetch([blocks[i + 1]])
+        if i > 0:
+            block.set_modules_to_backward_prefetch([blocks[i - 1]])
+    return model
 '''
 WRONG_PREFETCH = {
+    # one block ahead: the default's overlap (the docs), one all-gather in flight
+    "one block ahead": _ONE_AHEAD,
     # each block "prefetches" itself: already gathered, so nothing is issued early
     "points at the same block": _GOOD_PREFETCH.replace(
-        "block.set_modules_to_forward_prefetch([blocks[i + 1]])",
+        "block.set_modules_to_forward_prefetch(ahead)",
         "block.set_modules_to_forward_prefetch([block])"),
     # backward prefetch towards the blocks already done: they are gathered again
     "backward the wrong way": _GOOD_PREFETCH.replace(
-        "        if i > 0:\n            block.set_modules_to_backward_prefetch([blocks[i - 1]])",
-        "        if i + 1 < len(blocks):\n            block.set_modules_to_backward_prefetch([blocks[i + 1]])"),
-    # two blocks ahead: block i + 1 is gathered late, block i + 2 early
-    "two blocks ahead": _GOOD_PREFETCH.replace(
-        "        if i + 1 < len(blocks):\n            block.set_modules_to_forward_prefetch([blocks[i + 1]])",
-        "        if i + 2 < len(blocks):\n            block.set_modules_to_forward_prefetch([blocks[i + 2]])"),
+        "behind = blocks[max(0, i - 2):i][::-1]", "behind = blocks[i + 1:i + 3]"),
+    # two ahead in forward only: the backward keeps the default's one block
+    "forward only": _GOOD_PREFETCH.replace(
+        "            block.set_modules_to_backward_prefetch(behind)", "            pass"),
     "sets nothing": "\ndef my_prefetch(model):\n    return model\n",
 }
 _PREFETCH_LAB = [{"sizes": [32] * 9, "batch": 8, "seed": 0, "prefetch": p} for p in (False, True)]
