@@ -15,9 +15,11 @@ about 5 s of every launch. ``spawn`` is used instead whenever the forkserver cou
 a rank something other than a fresh process would: the environment changed since the
 forkserver started (a variable torch reads at import, such as ``TORCH_CPP_LOG_LEVEL``,
 would be stale), a :func:`perflab.labs.checking.watch_calls` block is open (its spy
-reaches spawned children only), or ``PERFLAB_START_METHOD=spawn``. Inside ``fn`` the default process group is already
-initialised (gloo on CPU with ``threads_per_rank`` torch threads, NCCL on CUDA with one
-GPU per local rank), so ``dist.get_rank()`` works.
+reaches spawned children only), or ``PERFLAB_START_METHOD=spawn``.
+
+Inside ``fn`` the default process group is already initialised (gloo on CPU with
+``threads_per_rank`` torch threads, NCCL on CUDA with one GPU per local rank), so
+``dist.get_rank()`` works.
 
 Faults (STYLE: failure paths are tested with deliberate faults, see
 :mod:`perflab.distributed.faults`):
