@@ -209,10 +209,11 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
                       RuntimeWarning, stacklevel=2)
     oom_before = oom_kills()
     err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
+    method = _start_method()
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # as `torchrun --standalone`
-        max_restarts=0, monitor_interval=0.1, start_method=_start_method(),
+        max_restarts=0, monitor_interval=0.1, start_method=method,
         logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     # the agent installs handlers that turn these signals into SignalException (so a
@@ -231,7 +232,7 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     try:
         out = elastic_launch(config, rank_entry)(fn, tuple(args), backend, float(timeout_s),
                                                   threads_per_rank, err_dir, pin_cores,
-                                                  os.getpid())
+                                                  os.getpid(), method == "spawn")
     except ChildFailedError as e:
         if backstop_fired.is_set():
             raise LaunchTimeoutError(

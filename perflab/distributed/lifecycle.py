@@ -93,8 +93,14 @@ def pin_to_cores(local_rank: int, threads_per_rank: int) -> None:
 
 def rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
                 threads_per_rank: int, err_dir: str, pin_cores: bool = False,
-                parent_pid: int | None = None) -> Any:
-    """What each spawned rank runs: set threads and device, init the group, call fn."""
+                parent_pid: int | None = None, destroy_group: bool = True) -> Any:
+    """What each rank runs: set threads and device, init the group, call fn.
+
+    ``destroy_group=False`` (ranks forked from launch_fn's forkserver, which end with
+    ``os._exit``: no destructor runs) leaves the process group to the exit: destroying it
+    while gloo's threads still drop their last references to it (a DDP communication
+    hook's futures) can abort the rank ("Resource deadlock avoided", a C++ thread
+    joining itself), seen in Lab 06's ranks."""
     import torch.distributed as dist
 
     if parent_pid is not None:
@@ -127,7 +133,8 @@ def rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: flo
             err_path.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
             raise
         finally:
-            dist.destroy_process_group()
+            if destroy_group:
+                dist.destroy_process_group()
     except BaseException as e:
         if not err_path.exists():
             err_path.write_text(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
