@@ -48,7 +48,7 @@ def _reference(lab: str, folder: Path) -> Path:
 
 def batch(ref: Path, copies: int, jobs: int, tmp: Path) -> tuple[float, list[float], bool]:
     """(batch wall seconds, per-notebook wall seconds, every copy got full marks)."""
-    subs = tmp / f"subs-{jobs}"
+    subs = Path(tempfile.mkdtemp(dir=tmp, prefix=f"subs-{jobs}-"))   # one per batch
     for i in range(copies):
         (subs / f"student{i:02d}").mkdir(parents=True)
         shutil.copy(ref, subs / f"student{i:02d}" / ref.name)
