@@ -354,14 +354,14 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         assemble(nb, {})  # a malformed reference check fails here, before any work
     hide = tuple(hideable(Path(reference_dir), subs, *hide))
     sandboxed = sandbox != "none" and sandbox_status()[0]
-    headers: dict[str, Path | None] = {}
+    compiling = {lab for lab, nb in ref_nbs.items() if uses_compile(nb)}
     builder = None
-    if sandboxed and any(uses_compile(nb) for nb in ref_nbs.values()):
+    if sandboxed and compiling:
         # Inductor's precompiled header, built once here (alongside the self-test) and
         # lent read-only to every sandbox: 5-6 s less per submission (perflab.course.warm)
-        builder = threading.Thread(target=lambda: headers.update(dir=build_inductor_headers()),
-                                   daemon=True)
-        builder.start()
+        warm_pool = ThreadPoolExecutor(max_workers=1)
+        builder = warm_pool.submit(build_inductor_headers)
+        warm_pool.shutdown(wait=False)   # the one task runs on; no thread is left after it
     if sandboxed:
         # Before any student: prove that nothing readable in the sandbox holds an answer
         # (perflab.course.selftest; SandboxLeak stops the batch, naming every path).
@@ -372,10 +372,10 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                   hide=(*hide, *hideable(_SOLUTIONS)), mode=sandbox)
         say(f"sandbox self-test passed ({time.monotonic() - t0:.0f} s): no reference "
             "solution, hidden test, solution marker or git object store is readable inside")
+    headers = builder.result() if builder is not None else None
     if builder is not None:
-        builder.join()
         say("Inductor's precompiled header: " + (
-            "built once, lent to every sandbox" if headers.get("dir") else
+            "built once, lent to every sandbox" if headers else
             "could not be built here; each sandbox compiles its own"))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     mine = set(shard_slice(list(folders), shard)) if shard else set(folders)
@@ -405,8 +405,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                                   sandbox=sandbox, hide=hide, slot=slot, threads=threads,
                                   reference=ref_nbs[lab], seed=seed,
                                   inside=subs,
-                                  inductor_headers=(headers.get("dir")
-                                                    if uses_compile(ref_nbs[lab]) else None))
+                                  inductor_headers=headers if lab in compiling else None)
         finally:
             with lock:
                 free_slots.append(slot)

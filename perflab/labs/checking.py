@@ -600,8 +600,9 @@ def watch_calls(targets: Mapping[str, Any]) -> Iterator[list[str]]:
     DataLoader worker or a ``Pool`` made in an earlier cell never got the hooks; a
     forkserver running when the block opens is stopped, so the block's forkserver
     children come from a fresh, watched one); programs started with ``subprocess``,
-    ``os.exec*`` or ``os.posix_spawn`` (no spy in them; the answer scan flags those modules); threads that C code starts inside
-    the block without ``threading`` (``_thread.start_new_thread``, which the scan flags,
+    ``os.exec*`` or ``os.posix_spawn`` (no spy in them; the answer scan flags those
+    modules); threads that C code starts inside the block without ``threading``
+    (``_thread.start_new_thread``, which the scan flags,
     or a C library's own threads); threads that existed before the block on an
     interpreter with neither ``threading.setprofile_all_threads`` nor CPython 3.10/3.11's
     ``_PyEval_SetProfile``; a copy whose code was changed (renamed, variables renamed,
