@@ -2,7 +2,8 @@
 
 Two gloo ranks on this machine (one thread each) time an allreduce of 1 KiB .. 64 MiB
 (perflab.analysis.collectives.SWEEP_SIZES_BYTES, 5 repeats after 2 warm-ups, median of the ranks' mean) on the
-real loopback backend and through a simulated slow link (alpha = 10 ms, 1 Gbit/s), in
+real loopback backend and through a simulated slow link (alpha = 10 ms per hop, so 20 ms
+per allreduce at p = 2; 1 Gbit/s), in
 one launch (perflab.analysis.collectives.allreduce_sweep). The result, with the machine it was measured on,
 is written to perflab/recordings/allreduce_sweep_gloo2.json. Seeded (torch.manual_seed)
 although an allreduce's time does not depend on the values sent.
@@ -37,7 +38,9 @@ def main() -> None:
         "what": "allreduce time per message size, 2 gloo ranks x 1 thread, median of 5 "
                 "repeats (each the mean over ranks), real loopback and a simulated link",
         "simulated_link": {"name": CAL_LINK.name, "alpha_s": CAL_LINK.alpha_s,
-                           "beta_bytes_per_s": CAL_LINK.beta_bytes_per_s},
+                           "beta_bytes_per_s": CAL_LINK.beta_bytes_per_s,
+                           "model": "ring allreduce on p ranks: 2(p-1) alpha + 2(p-1)/p n / "
+                                    "beta (perflab.core.simulated.LinkModel)"},
         "device_name": perflab.env_summary("cpu").device_name,
         "cpu_cores": perflab.env_summary("cpu").cpu_cores,
         "torch": torch.__version__,

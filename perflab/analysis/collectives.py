@@ -11,9 +11,10 @@
   ``busbw = algbw * 2(p-1)/p`` for allreduce.
 
 Message size ``n`` is the allreduced tensor's size on each rank (bytes), as nccl-tests'
-``size``; the simulated link charges the ring's ``2(p-1)/p * n`` wire bytes (see
-:class:`perflab.core.simulated.LinkModel`), so the fitted ``beta`` is an algorithm bandwidth and
-``busbw`` of it is the link's bandwidth.
+``size``; the simulated link charges the ring's ``2(p-1)/p * n`` wire bytes and ``2(p-1)``
+latency hops (see :class:`perflab.core.simulated.LinkModel`), so the fitted ``beta`` is an
+algorithm bandwidth and ``busbw`` of it is the link's bandwidth, and the fitted ``alpha``
+is one whole allreduce's latency at the sweep's p (``alpha_hop_s`` of it is the link's).
 """
 from __future__ import annotations
 
@@ -156,6 +157,14 @@ class AlphaBetaFit:
     def __init__(self, alpha_s: float, beta_bytes_per_s: float, r2: float, world_size: int):
         self.alpha_s, self.beta_bytes_per_s = alpha_s, beta_bytes_per_s
         self.r2, self.world_size = r2, world_size
+
+    @property
+    def alpha_hop_s(self) -> float:
+        """The fitted latency per ring hop, ``alpha_s / (2(p-1))`` (seconds): a ring
+        allreduce on p ranks pays 2(p-1) latency hops (Patarasuk & Yuan 2009), so this is
+        the link's alpha, the one that carries over to other rank counts. NaN for p = 1."""
+        hops = 2 * (self.world_size - 1)
+        return self.alpha_s / hops if hops else float("nan")
 
     @property
     def busbw_bytes_per_s(self) -> float:

@@ -110,8 +110,8 @@ def last_bucket_s(buckets: Sequence[dict[str, int]], comm_s: float, *,
 
     DDP sends its buckets in index order (:func:`perflab.distributed.ddp.ddp_buckets`);
     the last holds the first layers' gradients, ready only when backward ends. With a
-    ``link``: its modelled time, alpha + wire bytes / beta
-    (:meth:`perflab.core.simulated.LinkModel.duration_s`), of the bytes sent (halved by fp16/bf16
+    ``link``: its modelled time, 2(p-1) alpha + wire bytes / beta (a ring,
+    :meth:`perflab.core.simulated.LinkModel.duration_s`), of the bytes sent (halved by fp16/bf16
     compression). Without one: ``comm_s`` times the bucket's share of the bytes (the real
     backend's time per byte, measured; its alpha is not separated out).
 

@@ -7,7 +7,8 @@ Specs and pure models only (core layer, no torch.distributed):
   computation can be seen; a SimulatedLink models a link with the alpha-beta
   (latency-bandwidth) model of a message's time, ``T(n) = alpha + n / beta`` (Hockney
   1994, "The communication challenge for MPP"), and :class:`LinkModel` schedules DDP's
-  buckets on it. The DDP communication hook that applies it is
+  buckets on it as ring allreduces: ``2(p-1)`` latency hops and ``2(p-1)/p * n`` bytes per
+  rank (Patarasuk & Yuan 2009), the one latency convention of Labs 06, 09 and 10. The DDP communication hook that applies it is
   :mod:`perflab.distributed.link_hook`. Every table and plot names it as "simulated link:
   alpha=..., beta=...".
 * :class:`Straggler`: a delay injected on one rank: which rank, how much, where. The
@@ -84,7 +85,8 @@ class SimulatedLink:
 
     Attributes:
         name: short name shown in labels ("1gbe", "custom", ...).
-        alpha_s: per-message latency, seconds (>= 0).
+        alpha_s: per-message (per-hop) latency, seconds (>= 0); a ring allreduce on p
+            ranks pays it 2(p-1) times (:class:`LinkModel`).
         beta_bytes_per_s: bandwidth, bytes per second (> 0).
 
     Raises:
@@ -183,17 +185,21 @@ class LinkModel:
     """The alpha-beta model of a link SHARED by DDP's buckets, which use it in order.
 
     For a message of ``n`` bytes (the allreduced tensor's size on each rank) handed to
-    the link at time ``now``::
+    the link at time ``now``, a ring allreduce on ``p`` ranks::
 
-        duration = alpha + wire_bytes(n) / beta,  wire_bytes(n) = 2(p-1)/p * n
+        duration = 2(p-1) * alpha + wire_bytes(n) / beta,  wire_bytes(n) = 2(p-1)/p * n
         done     = max(now, link_free) + duration;  link_free = done
 
-    ``alpha`` is charged once per allreduce (a per-collective latency; a ring really
-    pays 2(p-1) hops of latency, folded into alpha here) and ``beta`` is the link's
-    bandwidth, so a fit of ``T = alpha + n / beta_alg`` over message sizes recovers
-    ``alpha`` and ``beta_alg = beta * p / (2(p-1))`` (= beta for p = 2); nccl-tests'
-    bus bandwidth ``busbw = algbw * 2(p-1)/p`` undoes the factor
-    (:func:`perflab.analysis.collectives.busbw_bytes_per_s`). Hockney (1994) for alpha-beta.
+    A ring allreduce is a reduce-scatter then an all-gather, 2(p-1) steps one after the
+    other, each a message of n/p bytes paying the link's latency ``alpha`` (Patarasuk &
+    Yuan 2009; Thakur, Rabenseifner & Gropp 2005); ``beta`` is the link's bandwidth.
+    So a fit of ``T = alpha_fit + n / beta_alg`` over message sizes at one ``p``
+    recovers ``alpha_fit = 2(p-1) * alpha`` (the latency of one whole allreduce at that
+    p: 2 alpha at p = 2) and ``beta_alg = beta * p / (2(p-1))`` (= beta for p = 2);
+    nccl-tests' bus bandwidth ``busbw = algbw * 2(p-1)/p`` undoes the factor
+    (:func:`perflab.analysis.collectives.busbw_bytes_per_s`) and
+    :attr:`perflab.analysis.collectives.AlphaBetaFit.alpha_hop_s` the 2(p-1). At p = 1
+    nothing is sent and the duration is 0. Hockney (1994) for alpha-beta.
 
     Args:
         link: the :class:`SimulatedLink` (alpha_s, beta_bytes_per_s).
@@ -216,8 +222,11 @@ class LinkModel:
         self.link_free_s = -math.inf
 
     def duration_s(self, nbytes: float) -> float:
-        """Seconds the link is busy with one allreduce of ``nbytes`` (no queueing)."""
-        return self.link.message_time_s(ring_allreduce_wire_bytes(nbytes, self.world_size))
+        """Seconds the link is busy with one ring allreduce of ``nbytes`` (no queueing):
+        ``2(p-1) * alpha + 2(p-1)/p * nbytes / beta``."""
+        hops = 2 * (self.world_size - 1)
+        return (hops * self.link.alpha_s
+                + ring_allreduce_wire_bytes(nbytes, self.world_size) / self.link.beta_bytes_per_s)
 
     def schedule(self, nbytes: float) -> tuple[float, float]:
         """Hand a message to the link now; returns ``(now_s, done_s)`` and books the link."""

@@ -198,8 +198,8 @@ def timed_allreduce_buckets(bucket_nbytes: Sequence[int], *, link: SimulatedLink
     Call on every rank of an initialised process group. After a barrier, every bucket is
     allreduced asynchronously in order (as DDP issues them once all are ready) and waited
     for; with ``link`` each bucket is also booked on a :class:`~perflab.core.simulated.LinkModel`
-    (all handed to the link at the start, so they queue: ``sum(alpha + n_i / beta)``) and
-    the call returns no earlier than the last modelled completion (sleeping, not spinning).
+    (all handed to the link at the start, so they queue: ``sum(2(p-1) alpha + 2(p-1)/p n_i /
+    beta)``, a ring allreduce each) and the call returns no earlier than the last modelled completion (sleeping, not spinning).
 
     Args:
         bucket_nbytes: fp32 gradient bytes of each bucket (DDP's bucket sizes), each >= 1.

@@ -3,6 +3,8 @@
 * :func:`plot_scaling`: throughput and scaling efficiency (95 % CI bars) against
   world_size, weak and strong, one line per link; oversubscribed points are hollow and
   labelled.
+* :func:`plot_step_prediction`: a fitted step-time model against a recording, the rank
+  count the fit never saw marked with the model's prediction and its error.
 * :func:`plot_state_bytes`: parameter / gradient / optimizer-state bytes per rank, one
   bar per method, with the peak memory per rank written under each bar (and what it is).
 """
@@ -12,7 +14,7 @@ import pandas as pd
 
 from perflab.viz.figures import InlineFigure
 
-__all__ = ["plot_scaling", "plot_state_bytes"]
+__all__ = ["plot_scaling", "plot_step_prediction", "plot_state_bytes"]
 
 
 _PARTS = (("params_bytes", "parameters", "#0072B2"), ("grads_bytes", "gradients", "#56B4E9"),
@@ -59,6 +61,65 @@ def plot_scaling(table: pd.DataFrame, *, title: str = "") -> InlineFigure:
         axes[0, col].legend(fontsize=8, title="link", title_fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_step_prediction(recorded: pd.DataFrame, model: pd.DataFrame, *, held_out: int,
+                         compute: str, title: str = "") -> InlineFigure:
+    """Step time (ms) against world_size, one colour per link: the recorded medians
+    (filled circles: the points the model was fitted to; a hollow star: ``held_out``, the
+    rank count it never saw), the fitted model (dashed line) and, at ``held_out``, the
+    model's prediction (a cross) with its error against the recording written beside it.
+    A link without model rows (its fit failed) is drawn without a line and says "fit
+    failed" in the legend. ``compute`` ("simulated ...", "measured") is written in the
+    title, so the plot never hides how the compute was made.
+
+    Args:
+        recorded: columns ``link, world_size, step_ms`` (the recording's medians).
+        model: columns ``link, world_size, model_ms`` (the model on a grid of rank counts).
+        held_out: the rank count left out of the fit (a ``world_size`` of ``recorded``).
+        compute: how the recorded compute was made, in a few words.
+
+    Raises:
+        ValueError: a column is missing, or ``held_out`` is not a recorded world_size.
+    """
+    if not {"link", "world_size", "step_ms"} <= set(recorded.columns) or not {
+            "link", "world_size", "model_ms"} <= set(model.columns):
+        raise ValueError("recorded needs columns link, world_size, step_ms and model needs "
+                         f"link, world_size, model_ms; got {list(recorded.columns)} and "
+                         f"{list(model.columns)}")
+    if held_out not in set(recorded.world_size):
+        raise ValueError(f"held_out={held_out!r} is not a recorded world_size "
+                         f"{sorted(set(recorded.world_size))}")
+    fig = InlineFigure(figsize=(7.5, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for k, (link, g) in enumerate(recorded.groupby("link", sort=False)):
+        g = g.sort_values("world_size")
+        fitted, held = g[g.world_size != held_out], g[g.world_size == held_out]
+        m = model[model.link == link].sort_values("world_size")
+        color = f"C{k}"
+        ax.plot(fitted.world_size, fitted.step_ms, "o", color=color,
+                label=f"{link}: recorded" + (", fitted" if len(m) else " (fit failed: no model)"))
+        ax.plot(held.world_size, held.step_ms, "*", ms=14, mfc="white", color=color,
+                label=f"{link}: recorded, held out")
+        if len(m):
+            ax.plot(m.world_size, m.model_ms, "--", color=color, label=f"{link}: model")
+            at = m[m.world_size == held_out]
+            if len(at) and len(held):
+                pred, got = float(at.model_ms.iloc[0]), float(held.step_ms.iloc[0])
+                ax.plot([held_out], [pred], "x", ms=10, mew=2, color=color)
+                ax.annotate(f"predicted {pred:.1f} ms, recorded {got:.1f} ms "
+                            f"({pred / got - 1:+.0%})", (held_out, pred),
+                            xytext=(-8, 10 + 14 * k), textcoords="offset points", ha="right",
+                            fontsize=8, color=color)
+    ax.set_xlabel("world_size (ranks)")
+    ax.set_ylabel("step time (ms), median")
+    ax.set_xticks(sorted(set(recorded.world_size)))
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title((title + "\n" if title else "") + f"compute: {compute}; {held_out} ranks held out "
+                 "of the fit", fontsize=9)
     return fig
 
 

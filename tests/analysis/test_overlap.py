@@ -67,9 +67,9 @@ def test_machine_bound_adds_what_cannot_overlap_here():
 def test_last_bucket_is_the_highest_index_on_the_link():
     link = SimulatedLink(alpha_s=1e-3, beta_bytes_per_s=1e6)
     buckets = [{"index": 1, "nbytes": 4000}, {"index": 0, "nbytes": 1000}]
-    # bucket 1 is sent last: 1 ms + 4000 B / 1 MB/s (2 ranks: wire bytes = message bytes)
-    assert last_bucket_s(buckets, 0.5, link=link) == pytest.approx(5e-3)
-    assert last_bucket_s(buckets, 0.5, link=link, compression="fp16") == pytest.approx(3e-3)
+    # bucket 1 is sent last: 2 hops x 1 ms + 4000 B / 1 MB/s (2 ranks: wire bytes = message bytes)
+    assert last_bucket_s(buckets, 0.5, link=link) == pytest.approx(6e-3)
+    assert last_bucket_s(buckets, 0.5, link=link, compression="fp16") == pytest.approx(4e-3)
     # real backend: comm x the bucket's share of the bytes
     assert last_bucket_s(buckets, 0.5) == pytest.approx(0.4)
     with pytest.raises(ValueError, match="buckets is empty"):
@@ -103,7 +103,7 @@ def test_metrics_from_a_recorded_run():
     assert (m["buckets"], m["bucket_mb"]) == (2, [1.0, 0.5])
     assert "simulated link 1gbe" in m["link"]
     # this machine's bound: the last bucket (index 1, 0.5 MiB) on 1 Gbit/s
-    last = 50e-6 + 2 ** 19 / 125e6
+    last = 2 * 50e-6 + 2 ** 19 / 125e6  # 2 ranks: a ring of 2 latency hops
     assert m["last_bucket_s"] == pytest.approx(last)
     assert m["ideal_machine_s"] == pytest.approx(max(0.45 + 0.05 + last, 0.13 + 0.36 + 0.02))
     assert m["overlap_eff_machine"] == pytest.approx(

@@ -22,7 +22,7 @@ from perflab.course.references.lab09 import unsharded_adamw
 from perflab.labs.lab09 import SHARDING_METHODS, sharding_rank, tasks_rank
 from perflab.models import mlp, mlp_batches
 from perflab.analysis.scaling import (
-    core_label, scaling_configs, scaling_efficiency, scaling_table,
+    core_label, scaling_configs, scaling_curve, scaling_efficiency, scaling_table,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,6 +272,8 @@ def test_core_label_names_oversubscription():
     assert core_label(2, cores=2) == "2 ranks on 2 cores"
     assert core_label(1, cores=2) == "1 rank on 2 cores"
     assert core_label(4, cores=2) == "4 ranks on 2 cores (oversubscribed)"
+    # ranks that sleep their compute do not share cores for it: named, not oversubscribed
+    assert core_label(8, cores=2, simulated_compute=True) == "8 ranks on 2 cores, simulated compute"
     with pytest.raises(ValueError, match="must be >= 1"):
         core_label(0)
 
@@ -283,6 +285,37 @@ def test_scaling_configs_and_errors():
         scaling_configs(3, global_batch=64)
     with pytest.raises(ValueError, match="steps must be >= 2"):
         scaling_configs(2, steps=1)
+    assert all(c["compute_s_per_sample"] is None for c in cfg)   # real compute by default
+    sim = scaling_configs(2, links=[None], compute_s_per_sample=2e-5)
+    assert {c["compute_s_per_sample"] for c in sim} == {2e-5}
+    for bad in (0, -1e-5, "fast", True):
+        with pytest.raises(ValueError, match="compute_s_per_sample must be None"):
+            scaling_configs(2, compute_s_per_sample=bad)
+
+
+def test_scaling_table_labels_simulated_compute():
+    launches = [[[{**cfg, "compute_s_per_sample": 1e-4} for cfg in rank] for rank in _launch(ws, [0.2, 0.2])]
+                for ws in (1, 4)]
+    table = scaling_table(launches).set_index(["mode", "world_size"])
+    assert set(table.compute) == {"simulated"}
+    assert not table.oversubscribed.any()          # slept compute: even 4 ranks on fewer cores
+    assert table.cores["weak", 4].endswith(", simulated compute")
+    real = scaling_table([_launch(1, [0.1, 0.1]), _launch(2, [0.2, 0.2])])
+    assert set(real.compute) == {"measured"}
+
+
+@pytest.mark.slow
+def test_scaling_curve_with_simulated_compute_sleeps_the_batch():
+    from perflab.core.simulated import LINK_PRESETS
+
+    per_sample = 2e-3   # 8 samples: 16 ms slept per weak step, on every rank count
+    table = scaling_curve((1, 2), links=[LINK_PRESETS["1gbe"]], sizes=(16, 32, 4), per_rank_batch=8,
+                          global_batch=16, steps=3, warmup=1, compute_s_per_sample=per_sample)
+    assert set(table.compute) == {"simulated"} and not table.oversubscribed.any()
+    weak = table[table["mode"] == "weak"].set_index("world_size")
+    strong = table[table["mode"] == "strong"].set_index("world_size")
+    assert weak.step_ms[1] >= 8 * per_sample * 1e3 and strong.step_ms[1] >= 16 * per_sample * 1e3
+    assert strong.step_ms[2] < strong.step_ms[1]   # half the batch slept per rank
 
 
 def _launch(ws, step_s, batch=8):
@@ -331,6 +364,25 @@ def test_plots_and_panel_build():
         plot_scaling(pd.DataFrame({"x": [1]}))
     with pytest.raises(ValueError, match="rows need columns"):
         plot_state_bytes(pd.DataFrame({"x": [1]}))
+
+
+def test_plot_step_prediction_marks_the_held_out_point():
+    from perflab.viz.scaling_plots import plot_step_prediction
+
+    recorded = pd.DataFrame({"link": ["a"] * 3 + ["b"] * 3, "world_size": [1, 2, 4] * 2,
+                             "step_ms": [10.0, 7.0, 6.0, 12.0, 9.0, 8.0]})
+    model = pd.DataFrame({"link": ["a"] * 4, "world_size": [1, 2, 3, 4],
+                          "model_ms": [10.0, 7.0, 6.0, 5.5]})   # link b: its fit failed
+    fig = plot_step_prediction(recorded, model, held_out=4, compute="simulated", title="t")
+    ax = fig.axes[0]
+    assert "compute: simulated" in ax.get_title() and "4 ranks held out" in ax.get_title()
+    assert [t.get_text() for t in ax.texts] == ["predicted 5.5 ms, recorded 6.0 ms (-8%)"]
+    labels = ax.get_legend_handles_labels()[1]
+    assert "b: recorded (fit failed: no model)" in labels and "a: model" in labels
+    with pytest.raises(ValueError, match="not a recorded world_size"):
+        plot_step_prediction(recorded, model, held_out=8, compute="simulated")
+    with pytest.raises(ValueError, match="recorded needs columns"):
+        plot_step_prediction(pd.DataFrame({"x": [1]}), model, held_out=4, compute="simulated")
 
 
 def test_solution_file_is_extracted_whole():

@@ -16,29 +16,29 @@ def model(world_size: int = 2) -> tuple[LinkModel, FakeClock]:
     return LinkModel(LINK, world_size=world_size, clock=clock), clock
 
 
-def test_one_message_takes_alpha_plus_n_over_beta():
-    m, clock = model()
+def test_one_message_takes_2_p_minus_1_alphas_plus_wire_bytes_over_beta():
+    m, clock = model()  # p = 2: a ring of 2 hops, 2 * 1 ms of latency (Patarasuk & Yuan 2009)
     clock.advance(5.0)
-    assert m.schedule(1000) == (5.0, pytest.approx(5.0 + 0.001 + 0.001))
+    assert m.schedule(1000) == (5.0, pytest.approx(5.0 + 2 * 0.001 + 0.001))
 
 
 def test_buckets_queue_on_a_busy_link_in_order():
     m, clock = model()
-    _, d0 = m.schedule(2000)           # 0 -> 0.003
+    _, d0 = m.schedule(2000)           # 0 -> 0.004
     clock.advance(0.001)               # next bucket ready while the link is busy
     s1, d1 = m.schedule(1000)
     assert s1 == pytest.approx(0.001)
-    assert d1 == pytest.approx(d0 + 0.002)      # waits for the first, then 1 ms + 1 ms
+    assert d1 == pytest.approx(d0 + 0.003)      # waits for the first, then 2 x 1 ms + 1 ms
     clock.advance(1.0)                 # link idle again: no queueing
     s2, d2 = m.schedule(0)
-    assert d2 == pytest.approx(s2 + 0.001)
+    assert d2 == pytest.approx(s2 + 0.002)
 
 
 def test_reset_forgets_the_queue():
     m, _ = model()
-    m.schedule(10_000)                 # busy until 0.011
+    m.schedule(10_000)                 # busy until 0.012
     m.reset()
-    assert m.schedule(0)[1] == pytest.approx(0.001)
+    assert m.schedule(0)[1] == pytest.approx(0.002)
 
 
 def test_ring_factor_scales_the_bytes():
@@ -46,7 +46,9 @@ def test_ring_factor_scales_the_bytes():
     assert ring_allreduce_wire_bytes(1000, 4) == 1500
     assert ring_allreduce_wire_bytes(1000, 1) == 0
     m4, _ = model(world_size=4)
-    assert m4.duration_s(1000) == pytest.approx(0.001 + 0.0015)
+    assert m4.duration_s(1000) == pytest.approx(6 * 0.001 + 0.0015)  # 2(p-1) hops
+    m1, _ = model(world_size=1)
+    assert m1.duration_s(1000) == 0.0  # one rank: nothing sent, no hop
 
 
 @pytest.mark.parametrize("nbytes, world_size", [(-1, 2), (10, 0), (10, 1.5)])
@@ -107,7 +109,7 @@ def test_hook_on_two_ranks_delays_buckets_and_averages_like_ddp():
     assert [n // 2 for _, n, _, _ in full] == [n for _, n, _, _ in half]  # fp16: half bytes
     free = float("-inf")
     for _, nbytes, start_s, done_s in full:  # a shared link, used in order
-        assert done_s == pytest.approx(max(start_s, free) + link.message_time_s(nbytes))
+        assert done_s == pytest.approx(max(start_s, free) + 2 * link.alpha_s + nbytes / link.beta_bytes_per_s)
         free = done_s
     # the step waits for the last modelled completion
     assert r0["none"]["step_s"][-1] >= full[-1][3] - 1e-3  # (timer resolution)

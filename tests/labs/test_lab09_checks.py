@@ -10,7 +10,8 @@ ignores reshard_after_forward, forgets or swaps the mixed-precision dtypes; FSDP
 prefetching that points a block at itself, prefetches backward the wrong way, skips a block
 or sets nothing (the order of collectives recorded on 2 gloo ranks); a bytes-per-step prediction that misses a collective or only fits this lab's model; top-k
 without error feedback; a scaling efficiency without n, the batches or a real CI, a
-step model without compute/N or the ring's (N-1)/N. A counter that calls perflab's
+step model without compute/N or the ring's (N-1)/N, with alpha charged once per all-reduce
+or fitted instead of fixed, or a fit or prediction that uses the held-out rank count. A counter that calls perflab's
 ``state_bytes`` (or ``scaling_efficiency``) fails naming it; a ZeRO-1 or ZeRO-2 that wraps
 torch's ``ZeroRedundancyOptimizer`` fails naming it (seen on the ranks, which record what
 ran while the student's optimizer was built and stepped)."""
@@ -839,6 +840,47 @@ def _with(old: str, new: str) -> str:
     return code.replace(old, new)
 
 
+# A fit of the step model that uses the held-out point: it reads the shipped recording and
+# adds the largest rank count's median of the link whose medians match the points given
+_USES_HELD_OUT = '''
+def fit_step_model(world_sizes, step_s, message_bytes, alpha_s):
+    from perflab.labs.lab09 import load_scaling_recording
+
+    strong = [r for r in load_scaling_recording()["runs"] if r["mode"] == "strong"]
+    med = {(r["link"], r["world_size"]): float(np.median(r["step_s"])) for r in strong}
+    top = max(w for _, w in med)
+    link = min({lk for lk, _ in med}, key=lambda lk: sum(abs(med.get((lk, w), 1e9) - t)
+                                                         for w, t in zip(world_sizes, step_s)))
+    ws, steps = list(world_sizes), list(step_s)
+    if top not in ws:
+        ws, steps = ws + [top], steps + [med[link, top]]
+    n = np.asarray(ws, float)
+    design = np.stack([1 / n, 2 * (n - 1) / n * message_bytes], axis=1)
+    (c, s), *_ = np.linalg.lstsq(design, np.asarray(steps) - 2 * (n - 1) * alpha_s, rcond=None)
+    return {"compute_s": float(c), "alpha_s": alpha_s, "s_per_byte": float(s)}
+'''
+# ... and a prediction that returns the recorded step where the recording has one
+_LOOKS_UP_HELD_OUT = '''
+_real_predict = predict_step_s
+
+def predict_step_s(fit, n, message_bytes):
+    from perflab.labs.lab09 import load_scaling_recording
+
+    strong = [r for r in load_scaling_recording()["runs"] if r["mode"] == "strong" and r["world_size"] == n]
+    model = _real_predict(fit, n, message_bytes)
+    if not strong:
+        return model
+    return min((float(np.median(r["step_s"])) for r in strong), key=lambda t: abs(t - model))
+'''
+# ... and the old three-parameter fit (alpha fitted to the steps, not fixed)
+_FITS_ALPHA = '''
+def fit_step_model(world_sizes, step_s, message_bytes, alpha_s):
+    n = np.asarray(world_sizes, float)
+    design = np.stack([1 / n, 2 * (n - 1), 2 * (n - 1) / n * message_bytes], axis=1)
+    (c, a, s), *_ = np.linalg.lstsq(design, np.asarray(step_s, float), rcond=None)
+    return {"compute_s": float(c), "alpha_s": float(a), "s_per_byte": float(s)}
+'''
+
 WRONG_SCALING = {
     "speedup, not divided by n": ("(n * global_batch_1 / t1)", "(global_batch_1 / t1)"),
     "ignores the global batches": ("return (global_batch_n / tn) / (n * global_batch_1 / t1)",
@@ -849,9 +891,16 @@ WRONG_SCALING = {
     "compute not divided by N": ("np.stack([1 / n,", "np.stack([np.ones_like(n),"),
     "ring bytes without (N-1)/N": ("2 * (n - 1) / n * message_bytes], axis=1)",
                                    "2 * (n - 1) * message_bytes], axis=1)"),
+    "alpha once per all-reduce": ("latency = 2 * (n - 1) * alpha_s", "latency = alpha_s + 0 * n"),
     "prediction without communication": (
         "return (fit[\"compute_s\"] / n + 2 * (n - 1) * fit[\"alpha_s\"]",
         "return (fit[\"compute_s\"] / n + 0 * fit[\"alpha_s\"]"),
+}
+#: Whole-function replacements, appended after the reference (they redefine it).
+WRONG_SCALING_CODE = {
+    "the fit uses the held-out point": _USES_HELD_OUT,
+    "the prediction looks up the held-out point": _LOOKS_UP_HELD_OUT,
+    "alpha fitted, not fixed": _FITS_ALPHA,
 }
 
 
@@ -885,11 +934,13 @@ def my_scaling_efficiency(step_s_1, step_s_n, n, global_batch_1, global_batch_n,
     e = x(global_batch_n, step_s_n) / (n * x(global_batch_1, step_s_1))
     return e, float(np.quantile(effs, 0.025)), float(np.quantile(effs, 0.975))
 
-def fit_step_model(world_sizes, step_s, message_bytes):
-    rows = np.array([[1 / w, 2 * (w - 1), 2 * (w - 1) / w * message_bytes] for w in world_sizes])
+def fit_step_model(world_sizes, step_s, message_bytes, alpha_s):
+    # normal equations of the two unknowns, columns scaled, alpha's term subtracted first
+    rows = np.array([[1 / w, 2 * (w - 1) / w * message_bytes] for w in world_sizes])
+    rest = np.array([t - 2 * (w - 1) * alpha_s for w, t in zip(world_sizes, step_s)])
     scale = np.abs(rows).max(axis=0)
-    coef = np.linalg.solve((rows / scale).T @ (rows / scale), (rows / scale).T @ np.array(step_s)) / scale
-    return dict(zip(["compute_s", "alpha_s", "s_per_byte"], map(float, coef)))
+    coef = np.linalg.solve((rows / scale).T @ (rows / scale), (rows / scale).T @ rest) / scale
+    return {"compute_s": float(coef[0]), "alpha_s": alpha_s, "s_per_byte": float(coef[1])}
 
 def predict_step_s(fit, n, message_bytes):
     ring = 2 * (n - 1)
@@ -906,6 +957,18 @@ def test_wrong_scaling_model_fails(name):
     _fails_on_a_hidden_case(NB.judge(ns, "check_scaling_model"))
 
 
+@pytest.mark.parametrize("name", sorted(WRONG_SCALING_CODE))
+def test_scaling_model_that_uses_the_held_out_point_or_fits_alpha_fails(name):
+    from perflab.labs.lab09 import load_scaling_recording
+
+    ns = _scaling_ns(NB.solution("scaling_model") + "\n" + WRONG_SCALING_CODE[name])
+    recorded_bytes = str(load_scaling_recording()["param_bytes"])
+    for seed in (0, 1):
+        verdict = NB.judge(ns, "check_scaling_model", seed=seed)
+        _fails_on_a_hidden_case(verdict)
+        assert recorded_bytes in verdict.message, verdict.message  # on a case of the recording
+
+
 def test_scaling_model_that_calls_perflab_fails_naming_it():
     code = ("from perflab.analysis.scaling import scaling_efficiency\n"
             + NB.solution("scaling_model") + "\nmy_scaling_efficiency = scaling_efficiency\n")
@@ -919,8 +982,16 @@ def test_the_recording_is_labelled_and_complete():
     rec = load_scaling_recording()
     assert rec["source"].startswith("perflab.labs.lab09.record_scaling") and rec["machine"]
     keys = {(r["mode"], r["link"], r["world_size"]) for r in rec["runs"]}
-    assert keys == {(m, lk, w) for m in ("weak", "strong") for lk in rec["links"] for w in (1, 2, 4)}
+    assert keys == {(m, lk, w) for m in ("weak", "strong") for lk in rec["links"]
+                    for w in (1, 2, 3, 4, 6, 8)}   # at least 5 rank counts, one held out
     assert all(len(r["step_s"]) >= 8 and min(r["step_s"]) > 0 for r in rec["runs"])
+    # simulated compute, said so in the file and in every run; never oversubscribed
+    assert rec["compute"].startswith("simulated: ") and rec["compute_s_per_sample"] > 0
+    assert all(r["compute"] == "simulated" and r["oversubscribed"] is False for r in rec["runs"])
+    assert "simulated compute" in rec["machine"]
+    for link in rec["links"]:   # an all-reduce sweep per link, for the alpha of Lab 06's fit
+        sweep = rec["sweeps"][link]
+        assert sweep["world_size"] == 2 and len(sweep["size_bytes"]) == len(sweep["time_min_s"]) >= 4
 
 
 def test_scaling_written_answer_is_a_rubric():

@@ -408,7 +408,8 @@ def test_tp_dtensor_honest_variant_passes(launched4):
 def tp_step_comm_s(batch, seq, d, world_size, alpha_s, beta_bytes_per_s):
     message = 4.0 * batch * seq * d
     per_rank_sent = message * 2 * (world_size - 1) / world_size
-    return sum(alpha_s + per_rank_sent / beta_bytes_per_s for _ in ("forward g", "backward f"))
+    hops = 2 * (world_size - 1)   # a ring: reduce-scatter then all-gather, each p - 1 steps
+    return sum(hops * alpha_s + per_rank_sent / beta_bytes_per_s for _ in ("forward g", "backward f"))
 '''
     verdict = NB.judge(_dtensor_ns(launched4, "tp_honest", honest), "check_tp_dtensor", seed=1)
     assert verdict.passed, verdict.message
@@ -423,6 +424,8 @@ WRONG_COMM = {
     "forward only": NB.solution("tp_comm_model").replace("return 2 * one", "return one"),
     "no ring factor": NB.solution("tp_comm_model").replace("2 * (world_size - 1) / world_size * ", ""),
     "hidden width": NB.solution("tp_comm_model").replace("n = batch * seq * d * 4", "n = batch * seq * 4 * d * 4"),
+    "alpha once per all-reduce": NB.solution("tp_comm_model").replace(
+        "one = 2 * (world_size - 1) * alpha_s", "one = alpha_s"),
 }
 
 

@@ -48,9 +48,10 @@ __all__ = ["sharding_rank", "SHARDING_METHODS", "ZERO_FORBIDDEN", "fsdp2_rank",
            "held_gradient_bytes",
            "tasks_rank", "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
 
-#: The shipped recording of 1-, 2- and 4-rank weak and strong scaling runs
-#: (perflab/recordings/, written by :func:`record_scaling`).
-SCALING_RECORDING = "scaling_gloo_124.json"
+#: The shipped recording of 1- to 8-rank weak and strong scaling runs with simulated
+#: compute, and an all-reduce sweep per link (perflab/recordings/, written by
+#: :func:`record_scaling`).
+SCALING_RECORDING = "scaling_simcompute_1to8.json"
 
 #: What :func:`sharding_rank` can run, and how each is built.
 SHARDING_METHODS = {
@@ -376,43 +377,94 @@ def tasks_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
     return out
 
 
-def record_scaling(path: str, *, steps: int = 20, seed: int = 0) -> dict[str, Any]:
-    """Record weak and strong scaling step times at 1, 2 and 4 gloo ranks on the 10 and
-    1 Gbit/s simulated links (Lab 06's link hook; :func:`perflab.analysis.scaling.scaling_rank`,
-    the 256-512-512-10 MLP, SGD, 256 samples per rank (weak) or 512 in all (strong)), and
-    write them to ``path`` as JSON: ``{"source", "machine", "sizes", "param_bytes",
-    "links": {name: {"alpha_s", "beta_bytes_per_s"}}, "runs": [{"mode", "link",
-    "world_size", "global_batch", "oversubscribed", "step_s": [slowest rank's step, s]}]}``.
+def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
+                   compute_s_per_sample: float | None = None) -> dict[str, Any]:
+    """Record weak and strong scaling step times at 1, 2, 3, 4, 6 and 8 gloo ranks on the
+    10 and 1 Gbit/s simulated links, with **simulated compute**, and an all-reduce sweep
+    on each link, and write them to ``path`` as JSON.
+
+    Each rank's forward+backward is slept for a modelled time, ``compute_s_per_sample``
+    seconds per sample of its batch (:func:`perflab.analysis.scaling.scaling_rank`), then
+    one sample's real forward+backward gives real gradients of the real sizes, which DDP
+    all-reduces through Lab 06's link hook: so 8 ranks run on a 2-core machine without
+    sharing cores for compute (never oversubscribed). With ``compute_s_per_sample=None``
+    it is measured once first: the median of a real 1-rank step (the 256-512-512-10 MLP,
+    batch 256, SGD, 1 thread, no link) divided by 256. The runs: SGD, 256 samples per rank
+    (weak) or 480 in all (strong: divisible by 1, 2, 3, 4, 6 and 8), ``steps`` steps after
+    3 warm-ups, all in one 8-rank launch (a run of w ranks on the first w). The sweeps:
+    :func:`perflab.analysis.collectives.allreduce_sweep` at p = 2, 1 KiB .. 16 MiB, on each
+    link, 15 repeats: their fastest and their median (Lab 09 fits Lab 06's alpha-beta model
+    to the fastest: the link's time plus the machine's floor, without the waits for a core
+    that other work on a shared machine adds to the median).
+
+    The JSON: ``{"source", "machine", "load_average" (``os.getloadavg()`` before and
+    after: other work on the machine), "compute" (what was simulated, in words),
+    "compute_s_per_sample", "sizes", "param_bytes", "links": {name: {"alpha_s",
+    "beta_bytes_per_s"}}, "link_model", "sweeps": {name: {"world_size", "size_bytes",
+    "time_min_s", "time_median_s"}}, "runs": [{"mode", "link", "world_size", "global_batch", "compute"
+    ("simulated"), "oversubscribed" (False), "step_s": [slowest rank's step, s]}]}``.
 
     Returns:
         The recording (the dict written).
     """
     import json
 
+    import numpy as np
+
+    from perflab.analysis.collectives import allreduce_sweep
     from perflab.analysis.scaling import core_label, scaling_configs
     from perflab.core.simulated import LINK_PRESETS
     from perflab.distributed import launch_fn
 
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     sizes, links = [256, 512, 512, 10], [LINK_PRESETS["10gbe"], LINK_PRESETS["1gbe"]]
-
-    def configs(ws: int) -> list[dict]:
-        return scaling_configs(ws, links=links, per_rank_batch=256, global_batch=512,
-                               steps=steps, warmup=3)
+    world_sizes, per_rank_batch, global_batch = (1, 2, 3, 4, 6, 8), 256, 480
+    if compute_s_per_sample is None:  # one real 1-rank step, measured once
+        probe = scaling_configs(1, links=[None], per_rank_batch=per_rank_batch,
+                                global_batch=per_rank_batch, steps=20, warmup=3)[:1]
+        step_s = launch_fn(scaling_rank, 1, args=(probe, sizes, seed), device="cpu",
+                           timeout_s=300)[0][0]["step_s"]
+        compute_s_per_sample = float(np.median(step_s)) / per_rank_batch
+    cfgs = [c for w in world_sizes for c in scaling_configs(
+        w, links=links, per_rank_batch=per_rank_batch, global_batch=global_batch,
+        steps=steps, warmup=3, compute_s_per_sample=compute_s_per_sample)]
+    ranks = launch_fn(scaling_rank, max(world_sizes), args=(cfgs, sizes, seed), device="cpu",
+                      timeout_s=900)
     runs = []
-    for ws, cfgs in ((2, configs(1) + configs(2)), (4, configs(4))):
-        ranks = launch_fn(scaling_rank, ws, args=(cfgs, sizes, seed), device="cpu", timeout_s=900)
-        for i, cfg in enumerate(ranks[0]):
-            w = cfg["world_size"]
-            slowest = [max(ranks[r][i]["step_s"][s] for r in range(w)) for s in range(steps)]
-            runs.append({"mode": cfg["mode"], "link": cfg["link"], "world_size": w,
-                         "global_batch": cfg["batch"] * w,
-                         "oversubscribed": "oversubscribed" in core_label(w),
-                         "step_s": slowest})
-    out = {"source": f"perflab.labs.lab09.record_scaling(steps={steps}, seed={seed})",
-           "machine": core_label(4), "sizes": sizes,
+    for i, cfg in enumerate(ranks[0]):
+        w = cfg["world_size"]
+        slowest = [max(ranks[r][i]["step_s"][s] for r in range(w)) for s in range(steps)]
+        runs.append({"mode": cfg["mode"], "link": cfg["link"], "world_size": w,
+                     "global_batch": cfg["batch"] * w, "compute": "simulated",
+                     "oversubscribed": False, "step_s": slowest})
+    sweep_sizes = [2 ** k for k in range(10, 25, 2)]
+    table = allreduce_sweep(sweep_sizes, world_size=2, repeats=15, warmup=3, link=links)
+    sweeps = {}
+    for lk in links:
+        rows = table[table.link == lk.describe()]
+        sweeps[lk.name] = {"world_size": 2, "size_bytes": [int(n) for n in rows.size_bytes],
+                           "time_min_s": [float(t) for t in rows.time_min_s],
+                           "time_median_s": [float(t) for t in rows.time_s]}
+    out = {"source": f"perflab.labs.lab09.record_scaling(steps={steps}, seed={seed}, "
+                     f"compute_s_per_sample={compute_s_per_sample!r})",
+           "machine": core_label(max(world_sizes), simulated_compute=True),
+           "load_average": {"before": load_before,
+                            "after": os.getloadavg() if hasattr(os, "getloadavg") else None},
+           "compute": (f"simulated: each rank sleeps {compute_s_per_sample * 1e6:.2f} us per "
+                       "sample of its batch (the MLP's forward+backward, measured once on 1 "
+                       "rank of this machine), then runs one sample's forward+backward, so DDP "
+                       "all-reduces real gradients of the real sizes through the simulated "
+                       "link; the SGD step is real. The real gloo all-reduces of up to 8 "
+                       "processes still share the machine's cores (each ring hop waits for "
+                       "its process to be scheduled)"),
+           "compute_s_per_sample": compute_s_per_sample, "sizes": sizes,
            "param_bytes": 4 * sum(p.numel() for p in mlp(sizes).parameters()),
            "links": {lk.name: {"alpha_s": lk.alpha_s, "beta_bytes_per_s": lk.beta_bytes_per_s}
-                     for lk in links}, "runs": runs}
+                     for lk in links},
+           "link_model": "ring all-reduce on p ranks: 2(p-1) alpha + 2(p-1)/p n / beta "
+                         "(perflab.core.simulated.LinkModel), completed no earlier than the "
+                         "real gloo all-reduce",
+           "sweeps": sweeps, "runs": runs}
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

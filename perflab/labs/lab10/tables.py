@@ -24,8 +24,8 @@ __all__ = ["tp_comm_share", "model_comm_share", "bubble_table"]
 
 def tp_comm_share(compute_s: float, message_bytes: Sequence[int], links: Sequence[SimulatedLink],
                   world_size: int) -> pd.DataFrame:
-    """One row per link: the modelled time of the step's all-reduces (each ``alpha +
-    2(p-1)/p * n / beta``, a ring; Hockney 1994, Patarasuk & Yuan 2009) and its share of
+    """One row per link: the modelled time of the step's all-reduces (each ``2(p-1) *
+    alpha + 2(p-1)/p * n / beta``, a ring; Hockney 1994, Patarasuk & Yuan 2009) and its share of
     ``compute_s + comm_s``, without overlap (Megatron's f and g block the next matmul).
 
     Args:
