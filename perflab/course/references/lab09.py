@@ -13,7 +13,7 @@ __all__ = ["unsharded_adamw"]
 
 def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: int, *,
                     lr: float = 1e-2, weight_decay: float = 0.01, seed: int = 0,
-                    with_state: bool = False) -> Any:
+                    with_state: bool = False, with_losses: bool = False) -> Any:
     """The reference: one process, plain ``torch.optim.AdamW``, the global batch
     (``world_size`` ranks' batches of :func:`perflab.models.mlp_batches`, concatenated).
 
@@ -21,19 +21,25 @@ def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: in
         The fp32 parameters after ``steps`` steps, flattened in ``model.parameters()``
         order (a list of floats); with ``with_state``, ``(params, exp_avg, exp_avg_sq)``,
         AdamW's two buffers flattened in the same order (Loshchilov & Hutter 2019;
-        ``torch/optim/adamw.py``).
+        ``torch/optim/adamw.py``); with ``with_losses``, ``(params, losses)``: each
+        step's loss on the global batch (the mean of the equal ranks' batch means).
     """
     model = mlp(sizes, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     per_rank = [mlp_batches(sizes, batch, steps, r, seed) for r in range(world_size)]
+    losses = []
     for s in range(steps):
         x = torch.cat([per_rank[r][s][0] for r in range(world_size)])
         y = torch.cat([per_rank[r][s][1] for r in range(world_size)])
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        losses.append(float(loss.detach()))
         opt.step()
         opt.zero_grad()
     params = list(model.parameters())
     flat = torch.cat([p.detach().flatten() for p in params]).tolist()
+    if with_losses:
+        return flat, losses
     if not with_state:
         return flat
     return (flat, *(torch.cat([opt.state[p][k].flatten() for p in params]).tolist()

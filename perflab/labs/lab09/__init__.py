@@ -42,7 +42,9 @@ from perflab.core.memory import read_peak, reset_peak
 from perflab.analysis.sharding import count_collectives, state_bytes
 from perflab.analysis.scaling import scaling_rank
 from perflab.models import mlp, mlp_batches
+from perflab.labs.lab09.fsdp import my_fsdp_rank
 from perflab.labs.lab09.prefetch import prefetch_order_rank
+from perflab.labs.lab09.watch import ZERO_FORBIDDEN, _watch_student
 
 __all__ = ["sharding_rank", "SHARDING_METHODS", "ZERO_FORBIDDEN", "fsdp2_rank",
            "held_gradient_bytes",
@@ -64,14 +66,6 @@ SHARDING_METHODS = {
              "during backward and freed, AdamW on this rank's shard",
     "fsdp2": "FSDP2: fully_shard per Linear and the root (params, grads, state sharded)",
 }
-
-
-#: What Exercises 2 and 2b ask the student to write themselves: torch's sharded optimizers.
-#: ``sharding_rank`` records any of them that runs while the student's ``MyZero1`` /
-#: ``MyZero2`` is built and stepped (``"delegated"``); the checks fail such a run.
-ZERO_FORBIDDEN = ("torch.distributed.optim.ZeroRedundancyOptimizer",
-                  "torch.distributed.fsdp.fully_shard",
-                  "torch.distributed.fsdp.FullyShardedDataParallel")
 
 
 def _build(method: str, model: torch.nn.Module, device: torch.device, lr: float,
@@ -273,19 +267,6 @@ def held_gradient_bytes(model: torch.nn.Module, optimizer: Any, holder: Any) -> 
     return total
 
 
-def _watch_student(student_code: bool) -> Any:
-    """A context manager yielding the names of :data:`ZERO_FORBIDDEN` that run inside it
-    (however reached: :func:`perflab.labs.checking.watch_calls`) when ``student_code``;
-    otherwise nothing is watched (DDP, FSDP2 and torch's ZeRO-1 are perflab's own runs)."""
-    import contextlib
-
-    from perflab.labs.checking import resolve, watch_calls
-
-    if not student_code:
-        return contextlib.nullcontext([])
-    return watch_calls({name: resolve(name) for name in ZERO_FORBIDDEN})
-
-
 def _exp_avg(optimizer: Any) -> list[float] | None:
     """AdamW's ``exp_avg`` of ``optimizer`` (a torch optimizer), flattened in its
     param_groups order; None when it has none."""
@@ -361,14 +342,16 @@ def tasks_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
     """Rank body running several experiments in one launch (process start-up costs
     seconds): ``tasks`` is a list of ``(name, args, kwargs)`` with name "sharding"
     (:func:`sharding_rank`), "fsdp2_student" (:func:`fsdp2_rank`), "prefetch_order"
-    (:func:`~perflab.labs.lab09.prefetch.prefetch_order_rank`) or "scaling"
+    (:func:`~perflab.labs.lab09.prefetch.prefetch_order_rank`), "my_fsdp"
+    (:func:`~perflab.labs.lab09.fsdp.my_fsdp_rank`) or "scaling"
     (:func:`perflab.analysis.scaling.scaling_rank`); returns their results.
 
     Raises:
         ValueError: an unknown task name.
     """
     bodies = {"sharding": sharding_rank, "fsdp2_student": fsdp2_rank,
-              "prefetch_order": prefetch_order_rank, "scaling": scaling_rank}
+              "prefetch_order": prefetch_order_rank, "scaling": scaling_rank,
+              "my_fsdp": my_fsdp_rank}
     out = []
     for name, args, kwargs in tasks:
         if name not in bodies:

@@ -1,0 +1,258 @@
+"""Lab 09's FSDP by hand (Exercise 2c, ``check_my_fsdp``), graded as grading grades it:
+the student's ``MyFSDP`` trained on 2 gloo ranks by :func:`perflab.labs.lab09.fsdp.my_fsdp_rank`,
+judged against one process of plain AdamW and FSDP2's collectives.
+
+The reference solution passes (at two seeds) and so does an honest variant written
+differently (closures, torch 2.13's ``*_single`` names, a list of pending gathers);
+wrong ``MyFSDP`` code fails on a hidden case: one that never frees (its peak), one that
+gathers every block at once (its peak), one that all-reduces the gradients instead of
+reduce-scattering them (its collectives), one that forgets the 1/world_size mean (its
+parameters), one that ignores ``reshard_after_forward`` or ``prefetch`` (its collectives,
+its order), and one that wraps torch's ``fully_shard`` (seen on the ranks). The count the
+judge expects is FSDP2's, measured here on the same models."""
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import pytest
+import torch
+
+from tests.conftest import slow
+from tests.labs.labcheck import Lab
+from perflab.course.checks import split_check
+from perflab.distributed import launch_fn
+from perflab.labs.lab09 import tasks_rank
+
+NB = Lab("09")
+SIZES = [32] * 9
+SETTINGS = [(True, True), (True, False), (False, True)]   # the notebook's FSDP_BY_HAND
+_names = itertools.count()
+
+
+def _reference_file() -> str:
+    return NB.solution("zero1_file").split("\n", 1)[1]   # the %%writefile line dropped
+
+
+def _fsdp_source() -> str:
+    src = _reference_file()
+    return src[src.index("class MyFSDP"):src.index("def my_fully_shard")]
+
+
+def _module(tmp_path, monkeypatch, fsdp: str | None = None):
+    src = _reference_file()
+    if fsdp is not None:
+        src = src.replace(_fsdp_source(), fsdp)
+    name = f"fsdp_t{next(_names)}"
+    (tmp_path / f"{name}.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
+
+
+def _configs():
+    return [{"sizes": SIZES, "batch": 8, "steps": 6, "seed": 0, "lr": 1e-2, "weight_decay": 0.01,
+             "reshard_after_forward": r, "prefetch": p} for r, p in SETTINGS]
+
+
+def _ns(tmp_path, monkeypatch, fsdp: str | None = None, lab_records=None) -> dict:
+    """The notebook's names after its launch: ``small2`` (DDP and FSDP2) and
+    ``fsdp_by_hand`` from the module with ``fsdp`` as its MyFSDP (``lab_records``: reuse
+    the reference's launch, so only the graded call's own launch runs the wrong code)."""
+    student = _module(tmp_path, monkeypatch, fsdp)
+    if lab_records is None:
+        tasks = [("sharding", (["ddp", "fsdp2"], SIZES, 8, 6, None), {}),
+                 ("my_fsdp", (_configs(), student.__name__), {})]
+        ranks = launch_fn(tasks_rank, 2, args=(tasks,), device="cpu", timeout_s=300)
+        lab_records = ([r[0] for r in ranks], [r[1] for r in ranks])
+    small2, by_hand = lab_records
+    return {"__name__": "__main__", "small2": small2, "fsdp_by_hand": by_hand,
+            "zero1_student": student, "torch": torch, "STEPS": 6, "WORLD_SIZE": 2,
+            "SIZES": SIZES, "FSDP_BY_HAND": _configs()}
+
+
+@pytest.fixture(scope="module")
+def reference_ns(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    try:
+        yield _ns(tmp_path_factory.mktemp("fsdp"), mp)
+    finally:
+        mp.undo()
+
+
+@slow
+@pytest.mark.parametrize("seed", [0, "grade:ada"])
+def test_reference_passes(seed, reference_ns):
+    NB.run_code(dict(reference_ns), split_check(NB.cells["check_my_fsdp"]).probe)   # visible
+    verdict = NB.judge(reference_ns, "check_my_fsdp", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+@slow
+def test_expected_collectives_are_fsdp2s(reference_ns):
+    """The judge's count (2 all-gathers and 1 reduce-scatter of each block per step when
+    resharding, 1 and 1 when not; each block's padded fp32 bytes) is FSDP2's, measured."""
+    for rank in reference_ns["small2"]:
+        fsdp2 = rank["fsdp2"]
+        blocks, per_block = len(SIZES) - 1, 4 * (32 * 32 + 32)
+        assert fsdp2["comm_calls_per_step"] == {"all_gather": 2 * blocks, "reduce_scatter": blocks}
+        assert fsdp2["comm_per_step"]["all_gather"] == 2 * blocks * per_block
+        assert fsdp2["comm_per_step"]["reduce_scatter"] == blocks * per_block
+    for runs in reference_ns["fsdp_by_hand"]:
+        for (reshard, prefetch), r in zip(SETTINGS, runs):
+            assert r["peak_unsharded_bytes"] == (
+                (2 if prefetch else 1) * per_block if reshard else blocks * per_block), r
+
+
+_HONEST = '''
+class MyFSDP:
+    def __init__(self, blocks, reshard_after_forward=True, prefetch=True):
+        self.blocks = list(blocks)
+        self.reshard, self.prefetch = reshard_after_forward, prefetch
+        ws, rank = dist.get_world_size(), dist.get_rank()
+        self.ws = ws
+        self.shards, self.bufs, self.inflight = [], [], []
+        self.counts = {}
+        for i, block in enumerate(self.blocks):
+            ps = list(block.parameters())
+            total = sum(p.numel() for p in ps)
+            per = (total + ws - 1) // ws
+            buf = torch.zeros(per * ws)
+            torch.cat([p.detach().reshape(-1) for p in ps], out=buf[:total])
+            self.shards.append(torch.nn.Parameter(buf.narrow(0, rank * per, per).clone()))
+            at = 0
+            for p in ps:
+                p.data = buf[at:at + p.numel()].view(p.shape)
+                at += p.numel()
+            self.bufs.append(buf)
+            buf.untyped_storage().resize_(0)
+            self._hooks(i, block, ps)
+
+    def _hooks(self, i, block, ps):
+        def pre(module, args):
+            self.unshard(i)
+            if self.prefetch and i + 1 < len(self.blocks):
+                self.start(i + 1)
+
+        def post(module, args, out):
+            if self.reshard:
+                self.bufs[i].untyped_storage().resize_(0)
+
+            def before_backward(grad):
+                self.unshard(i)
+                if self.prefetch and i >= 1:
+                    self.start(i - 1)
+            out.register_hook(before_backward)
+
+        def grad_done(p):
+            self.counts[i] = self.counts.get(i, 0) + 1
+            if self.counts[i] != len(ps):
+                return
+            self.counts[i] = 0
+            with torch.no_grad():
+                flat = torch.zeros(self.bufs[i].numel())
+                torch.cat([q.grad.reshape(-1) for q in ps], out=flat[:sum(q.numel() for q in ps)])
+                for q in ps:
+                    q.grad = None
+                out = torch.empty(self.shards[i].numel())
+                dist.reduce_scatter_single(out, flat)
+                g = out.div_(self.ws)
+                s = self.shards[i]
+                s.grad = g if s.grad is None else s.grad.add_(g)
+                self.bufs[i].untyped_storage().resize_(0)
+
+        block.register_forward_pre_hook(pre)
+        block.register_forward_hook(post)
+        for p in ps:
+            p.register_post_accumulate_grad_hook(grad_done)
+
+    def start(self, i):
+        st = self.bufs[i].untyped_storage()
+        if st.nbytes() or any(j == i for j, _ in self.inflight):
+            return
+        st.resize_(self.bufs[i].numel() * 4)
+        with torch.no_grad():
+            work = dist.all_gather_single(self.bufs[i], self.shards[i].detach(), async_op=True)
+        self.inflight.append((i, work))
+
+    def unshard(self, i):
+        self.start(i)
+        for j, work in list(self.inflight):
+            if j == i:
+                work.wait()
+                self.inflight.remove((j, work))
+
+'''
+
+_REF = None
+
+
+def _wrong(old: str, new: str) -> str:
+    src = _fsdp_source()
+    assert old in src, old
+    return src.replace(old, new)
+
+
+WRONG = {
+    # the storage is never resized to 0: every block stays unsharded (and is never re-gathered)
+    "never frees": lambda: _wrong("self.full[i].untyped_storage().resize_(0)", "pass"),
+    # block 0's pre-forward gathers every block: the whole model unsharded at once
+    "gathers every block at once": lambda: _wrong(
+        "        self._gather(i)\n        if self.prefetch and i + 1 < len(self.blocks):",
+        "        for j in range(len(self.blocks)):\n            self._gather(j)\n"
+        "        if self.prefetch and i + 1 < len(self.blocks):"),
+    # DDP's all-reduce of the block, then its own slice: no reduce-scatter, twice the bytes
+    "all-reduces instead of reduce-scattering": lambda: _wrong(
+        "dist.reduce_scatter_tensor(mine, flat)",
+        "dist.all_reduce(flat); mine.copy_(flat.chunk(self.world_size)[self.rank])"),
+    "forgets the mean": lambda: _wrong("mine /= self.world_size", "pass"),
+    # frees after forward whatever reshard_after_forward says
+    "ignores reshard_after_forward": lambda: _wrong(
+        "        if self.reshard_after_forward:\n            self._free(i)",
+        "        self._free(i)"),
+    # never issues the next block's all-gather early
+    "ignores prefetch": lambda: _wrong("if self.prefetch and i + 1 < len(self.blocks):",
+                                       "if False:"),
+    # torch's FSDP2 on each block, its parameters handed over as the "shards"
+    "wraps fully_shard": lambda: '''
+class MyFSDP:
+    def __init__(self, blocks, reshard_after_forward=True, prefetch=True):
+        from torch.distributed.fsdp import fully_shard
+        self.blocks = list(blocks)
+        for b in self.blocks:
+            fully_shard(b, reshard_after_forward=reshard_after_forward)
+        self.shards = [p for b in self.blocks for p in b.parameters()]
+
+''',
+}
+
+
+@slow
+def test_honest_variant_passes(tmp_path, monkeypatch):
+    ns = _ns(tmp_path, monkeypatch, _HONEST)
+    NB.run_code(dict(ns), split_check(NB.cells["check_my_fsdp"]).probe)
+    verdict = NB.judge(ns, "check_my_fsdp", seed=1)
+    assert verdict.passed, verdict.message
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_fsdp_fails(name, tmp_path, monkeypatch, reference_ns):
+    # the notebook's own launch is the reference's: only the graded call's launch runs
+    # the wrong code, so the failure is the hidden case's
+    lab = (reference_ns["small2"], reference_ns["fsdp_by_hand"])
+    ns = _ns(tmp_path, monkeypatch, WRONG[name](), lab_records=lab)
+    verdict = NB.judge(ns, "check_my_fsdp", seed=2)
+    assert not verdict.passed and verdict.message.startswith("hidden case"), verdict
+    if name == "wraps fully_shard":
+        assert "fully_shard" in verdict.message, verdict.message
+
+
+def test_solution_writes_the_mechanism_itself():
+    """The reference's MyFSDP calls the collectives and frees storage itself."""
+    src = _fsdp_source()
+    for needle in ("dist.all_gather_into_tensor(", "dist.reduce_scatter_tensor(", "async_op=True",
+                   "untyped_storage().resize_(0)", "register_post_accumulate_grad_hook(",
+                   "register_forward_pre_hook(", "output.register_hook("):
+        assert needle in src, needle
+    assert "fully_shard(" not in src
