@@ -3,11 +3,13 @@ the student's ``MyFSDP`` trained on 2 gloo ranks by :func:`perflab.labs.lab09.fs
 judged against one process of plain AdamW and FSDP2's collectives.
 
 The reference solution passes (at two seeds) and so does an honest variant written
-differently (closures, torch 2.13's ``*_single`` names, a list of pending gathers);
+differently (closures, torch 2.13's ``*_single`` names, a list of pending gathers,
+mixed precision cast its own way);
 wrong ``MyFSDP`` code fails on a hidden case: one that never frees (its peak), one that
 gathers every block at once (its peak), one that all-reduces the gradients instead of
 reduce-scattering them (its collectives), one that forgets the 1/world_size mean (its
-parameters), one that ignores ``reshard_after_forward`` or ``prefetch`` (its collectives,
+parameters), one that all-gathers fp32 and casts afterwards under mixed precision (its
+bytes), one that ignores ``reshard_after_forward`` or ``prefetch`` (its collectives,
 its order), and one that wraps torch's ``fully_shard`` (seen on the ranks). The count the
 judge expects is FSDP2's, measured here on the same models."""
 from __future__ import annotations
@@ -26,7 +28,8 @@ from perflab.labs.lab09 import tasks_rank
 
 NB = Lab("09")
 SIZES = [32] * 9
-SETTINGS = [(True, True), (True, False), (False, True)]   # the notebook's FSDP_BY_HAND
+SETTINGS = [(True, True, None), (True, False, None), (False, True, None),
+            (True, True, "bfloat16")]   # the notebook's FSDP_BY_HAND
 _names = itertools.count()
 
 
@@ -52,7 +55,7 @@ def _module(tmp_path, monkeypatch, fsdp: str | None = None):
 
 def _configs():
     return [{"sizes": SIZES, "batch": 8, "steps": 6, "seed": 0, "lr": 1e-2, "weight_decay": 0.01,
-             "reshard_after_forward": r, "prefetch": p} for r, p in SETTINGS]
+             "reshard_after_forward": r, "prefetch": p, "param_dtype": d} for r, p, d in SETTINGS]
 
 
 def _ns(tmp_path, monkeypatch, fsdp: str | None = None, lab_records=None) -> dict:
@@ -99,16 +102,19 @@ def test_expected_collectives_are_fsdp2s(reference_ns):
         assert fsdp2["comm_per_step"]["all_gather"] == 2 * blocks * per_block
         assert fsdp2["comm_per_step"]["reduce_scatter"] == blocks * per_block
     for runs in reference_ns["fsdp_by_hand"]:
-        for (reshard, prefetch), r in zip(SETTINGS, runs):
+        for (reshard, prefetch, dtype), r in zip(SETTINGS, runs):
+            size = per_block // (2 if dtype else 1)   # gathered in bfloat16: half the bytes
             assert r["peak_unsharded_bytes"] == (
-                (2 if prefetch else 1) * per_block if reshard else blocks * per_block), r
+                (2 if prefetch else 1) * size if reshard else blocks * size), r
+            assert r["bytes"]["all_gather"] == (2 if reshard else 1) * blocks * size, r
 
 
 _HONEST = '''
 class MyFSDP:
-    def __init__(self, blocks, reshard_after_forward=True, prefetch=True):
+    def __init__(self, blocks, reshard_after_forward=True, prefetch=True, param_dtype=None):
         self.blocks = list(blocks)
         self.reshard, self.prefetch = reshard_after_forward, prefetch
+        self.low = param_dtype
         ws, rank = dist.get_world_size(), dist.get_rank()
         self.ws = ws
         self.shards, self.bufs, self.inflight = [], [], []
@@ -120,6 +126,8 @@ class MyFSDP:
             buf = torch.zeros(per * ws)
             torch.cat([p.detach().reshape(-1) for p in ps], out=buf[:total])
             self.shards.append(torch.nn.Parameter(buf.narrow(0, rank * per, per).clone()))
+            if param_dtype is not None:
+                buf = buf.to(param_dtype)
             at = 0
             for p in ps:
                 p.data = buf[at:at + p.numel()].view(p.shape)
@@ -133,6 +141,8 @@ class MyFSDP:
             self.unshard(i)
             if self.prefetch and i + 1 < len(self.blocks):
                 self.start(i + 1)
+            if self.low is not None:
+                return (args[0].to(self.low),) + tuple(args[1:])
 
         def post(module, args, out):
             if self.reshard:
@@ -150,7 +160,7 @@ class MyFSDP:
                 return
             self.counts[i] = 0
             with torch.no_grad():
-                flat = torch.zeros(self.bufs[i].numel())
+                flat = torch.zeros(self.bufs[i].numel(), dtype=torch.float32)
                 torch.cat([q.grad.reshape(-1) for q in ps], out=flat[:sum(q.numel() for q in ps)])
                 for q in ps:
                     q.grad = None
@@ -170,9 +180,10 @@ class MyFSDP:
         st = self.bufs[i].untyped_storage()
         if st.nbytes() or any(j == i for j, _ in self.inflight):
             return
-        st.resize_(self.bufs[i].numel() * 4)
+        st.resize_(self.bufs[i].numel() * self.bufs[i].element_size())
         with torch.no_grad():
-            work = dist.all_gather_single(self.bufs[i], self.shards[i].detach(), async_op=True)
+            src = self.shards[i].detach().to(self.bufs[i].dtype)
+            work = dist.all_gather_single(self.bufs[i], src, async_op=True)
         self.inflight.append((i, work))
 
     def unshard(self, i):
@@ -206,6 +217,15 @@ WRONG = {
         "dist.reduce_scatter_tensor(mine, flat)",
         "dist.all_reduce(flat); mine.copy_(flat.chunk(self.world_size)[self.rank])"),
     "forgets the mean": lambda: _wrong("mine /= self.world_size", "pass"),
+    # all-gathers the fp32 shard and casts the gathered block: twice the bytes on the wire
+    "casts after the all-gather": lambda: _wrong(
+        "            shard = self.shards[i].detach().to(full.dtype)   # cast BEFORE the collective\n"
+        "            self.pending[i] = dist.all_gather_into_tensor(full, shard, async_op=True)",
+        "            wide = self.shards[i].new_empty(full.numel())   # fp32 on the wire\n"
+        "            self.pending[i] = dist.all_gather_into_tensor(wide, self.shards[i].detach(),\n"
+        "                                                          async_op=True)\n"
+        "            self.pending[i].wait()\n"
+        "            full.copy_(wide)"),
     # frees after forward whatever reshard_after_forward says
     "ignores reshard_after_forward": lambda: _wrong(
         "        if self.reshard_after_forward:\n            self._free(i)",
@@ -216,7 +236,7 @@ WRONG = {
     # torch's FSDP2 on each block, its parameters handed over as the "shards"
     "wraps fully_shard": lambda: '''
 class MyFSDP:
-    def __init__(self, blocks, reshard_after_forward=True, prefetch=True):
+    def __init__(self, blocks, reshard_after_forward=True, prefetch=True, param_dtype=None):
         from torch.distributed.fsdp import fully_shard
         self.blocks = list(blocks)
         for b in self.blocks:

@@ -13,9 +13,16 @@ __all__ = ["unsharded_adamw"]
 
 def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: int, *,
                     lr: float = 1e-2, weight_decay: float = 0.01, seed: int = 0,
-                    with_state: bool = False, with_losses: bool = False) -> Any:
+                    with_state: bool = False, with_losses: bool = False,
+                    param_dtype: torch.dtype | None = None) -> Any:
     """The reference: one process, plain ``torch.optim.AdamW``, the global batch
     (``world_size`` ranks' batches of :func:`perflab.models.mlp_batches`, concatenated).
+
+    With ``param_dtype`` (mixed precision as FSDP2's ``MixedPrecisionPolicy(param_dtype=...,
+    reduce_dtype=torch.float32)`` computes it): each rank's batch runs forward and
+    backward on the parameters and inputs cast to ``param_dtype`` (the loss on the logits
+    in fp32), each rank's gradients are cast to fp32 and averaged over the ranks, and
+    AdamW steps the fp32 parameters.
 
     Returns:
         The fp32 parameters after ``steps`` steps, flattened in ``model.parameters()``
@@ -29,11 +36,14 @@ def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: in
     per_rank = [mlp_batches(sizes, batch, steps, r, seed) for r in range(world_size)]
     losses = []
     for s in range(steps):
-        x = torch.cat([per_rank[r][s][0] for r in range(world_size)])
-        y = torch.cat([per_rank[r][s][1] for r in range(world_size)])
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        losses.append(float(loss.detach()))
+        if param_dtype is not None:
+            losses.append(_mixed_precision_grads(model, [b[s] for b in per_rank], param_dtype))
+        else:
+            x = torch.cat([per_rank[r][s][0] for r in range(world_size)])
+            y = torch.cat([per_rank[r][s][1] for r in range(world_size)])
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            losses.append(float(loss.detach()))
         opt.step()
         opt.zero_grad()
     params = list(model.parameters())
@@ -44,3 +54,25 @@ def unsharded_adamw(sizes: Sequence[int], world_size: int, batch: int, steps: in
         return flat
     return (flat, *(torch.cat([opt.state[p][k].flatten() for p in params]).tolist()
                     for k in ("exp_avg", "exp_avg_sq")))
+
+
+def _mixed_precision_grads(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                           dtype: torch.dtype) -> float:
+    """Set ``model``'s fp32 ``.grad`` to the mean over ``batches`` (one per rank) of the
+    gradients computed on the parameters and inputs cast to ``dtype``; return the mean
+    of the ranks' losses."""
+    from torch.func import functional_call
+
+    names = [n for n, _ in model.named_parameters()]
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    losses = []
+    for x, y in batches:
+        low = {n: p.detach().to(dtype).requires_grad_() for n, p in model.named_parameters()}
+        loss = torch.nn.functional.cross_entropy(functional_call(model, low, (x.to(dtype),)).float(), y)
+        grads = torch.autograd.grad(loss, [low[n] for n in names])
+        for t, g in zip(total, grads):
+            t += g.float()
+        losses.append(float(loss.detach()))
+    for p, t in zip(model.parameters(), total):
+        p.grad = t / len(batches)
+    return sum(losses) / len(losses)

@@ -1,15 +1,17 @@
 """FSDP written by hand (Lab 09, Exercise 2c): the rank body that trains the student's
 ``MyFSDP`` and measures what it holds and sends.
 
-The student's ``MyFSDP(blocks, reshard_after_forward=True, prefetch=True)`` (in their
-own file, imported on every rank) keeps each block's parameters as ONE flat shard per
+The student's ``MyFSDP(blocks, reshard_after_forward=True, prefetch=True,
+param_dtype=None)`` (in their own file, imported on every rank) keeps each block's parameters as ONE flat shard per
 rank (``.shards``: a list of ``nn.Parameter``, one per block in forward order; rank r
 holds the r-th of ``world_size`` equal slices of the block's parameters flattened in
 ``block.parameters()`` order and zero-padded at the end), all-gathers a block in a
 forward pre-hook, frees it after the forward (when resharding after forward),
 all-gathers it again before its backward, reduce-scatters its gradients into the
 shard's ``.grad`` and frees it, and prefetches the next block's all-gather one block
-ahead. This is FSDP's algorithm (Zhao et al. 2023, "PyTorch FSDP", section 3; the ZeRO
+ahead; with a ``param_dtype`` it casts each shard to it before the all-gather and the
+block's inputs in its pre-hook (FSDP2's ``MixedPrecisionPolicy(param_dtype=...)``), and
+reduces the gradients in the shards' fp32. This is FSDP's algorithm (Zhao et al. 2023, "PyTorch FSDP", section 3; the ZeRO
 paper's P_os+g+p, Rajbhandari et al. 2020, section 5.3); torch's FSDP2 (``fully_shard``)
 does the same per parameter with DTensors.
 
@@ -150,7 +152,10 @@ def my_fsdp_rank(configs: Sequence[dict[str, Any]], student_module: str) -> list
     Args:
         configs: dicts with ``sizes``, ``batch`` (per rank), ``steps`` (>= 2: the first is
             not counted in the collectives), ``seed``, ``lr``, ``weight_decay``,
-            ``reshard_after_forward`` and ``prefetch`` (bools passed to ``MyFSDP``).
+            ``reshard_after_forward`` and ``prefetch`` (bools passed to ``MyFSDP``) and,
+            optionally, ``param_dtype`` (a torch dtype name such as "bfloat16", passed as
+            the dtype; absent or None: not passed). The loss is the cross-entropy of the
+            logits in fp32.
         student_module: the module name of the student's file in the working folder (it
             defines ``MyFSDP``).
 
@@ -188,8 +193,10 @@ def my_fsdp_rank(configs: Sequence[dict[str, Any]], student_module: str) -> list
         peak = _Peak(blocks)
         losses: list[float] = []
         with _watch_student(True) as delegated:
+            mixed = ({"param_dtype": getattr(torch, cfg["param_dtype"])}
+                     if cfg.get("param_dtype") else {})
             fsdp = student.MyFSDP(blocks, reshard_after_forward=cfg["reshard_after_forward"],
-                                  prefetch=cfg["prefetch"])
+                                  prefetch=cfg["prefetch"], **mixed)
             shards = list(fsdp.shards)
             opt = torch.optim.AdamW(shards, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
             peak.holder = fsdp
@@ -217,7 +224,7 @@ def my_fsdp_rank(configs: Sequence[dict[str, Any]], student_module: str) -> list
                         order.clear()
                         base = comm.phase_calls["forward"]["all_gather"]
                         comm.phase = "forward"
-                        loss = torch.nn.functional.cross_entropy(model(x), y)
+                        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
                         comm.phase = "backward"
                         loss.backward()
                         comm.phase = "step"
