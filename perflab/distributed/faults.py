@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["rank_and_sum", "raise_on_rank", "hang_on_rank", "exit_on_rank", "sigkill_on_rank",
-           "sleep_on_every_rank"]
+           "sleep_on_every_rank", "segfault_once"]
 
 
 def rank_and_sum() -> tuple[int, int, float]:
@@ -69,4 +69,18 @@ def sleep_on_every_rank(seconds: float, ready_dir: str | None = None) -> int:
 
         (Path(ready_dir) / f"rank{dist.get_rank()}.ready").touch()
     time.sleep(seconds)
+    return dist.get_rank()
+
+
+def segfault_once(flag: str) -> int:
+    """Rank 0 dies of SIGSEGV the first time (it creates the file ``flag`` first); every
+    later call returns the rank: a crash a relaunch gets past (how ``launch_fn`` treats
+    a forked rank that crashed)."""
+    import os
+    import signal
+
+    if dist.get_rank() == 0 and not os.path.exists(flag):
+        open(flag, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    dist.barrier()
     return dist.get_rank()

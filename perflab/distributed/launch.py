@@ -15,7 +15,10 @@ about 5 s of every launch. ``spawn`` is used instead whenever the forkserver cou
 a rank something other than a fresh process would: the environment changed since the
 forkserver started (a variable torch reads at import, such as ``TORCH_CPP_LOG_LEVEL``,
 would be stale), a :func:`perflab.labs.checking.watch_calls` block is open (its spy
-reaches spawned children only), or ``PERFLAB_START_METHOD=spawn``.
+reaches spawned children only), or ``PERFLAB_START_METHOD=spawn``. A forked rank that
+dies of a crash signal (SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGFPE: a native library that
+was not safe to fork) makes the whole launch run once more with ``spawn``, with a
+RuntimeWarning (seen once in a CI run: a 4-rank Lab 10 launch, SIGSEGV).
 
 Inside ``fn`` the default process group is already initialised (gloo on CPU with
 ``threads_per_rank`` torch threads, NCCL on CUDA with one GPU per local rank), so
@@ -208,46 +211,79 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
                       "include waiting for a core (label such runs as oversubscribed)",
                       RuntimeWarning, stacklevel=2)
     oom_before = oom_kills()
-    err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
     method = _start_method()
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # as `torchrun --standalone`
-        max_restarts=0, monitor_interval=0.1, start_method=method,
-        logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    # the agent installs handlers that turn these signals into SignalException (so a
-    # Ctrl-C / kernel interrupt stops every rank); put the caller's back afterwards, so a
-    # notebook kernel's own SIGTERM/SIGINT handling is unchanged once launch_fn returns
-    saved_signals = save_signals(config.signals_to_handle)
-    backstop_fired = threading.Event()
+    while True:
+        err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # as `torchrun --standalone`
+            max_restarts=0, monitor_interval=0.1, start_method=method,
+            logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        # the agent installs handlers that turn these signals into SignalException (so a
+        # Ctrl-C / kernel interrupt stops every rank); put the caller's back afterwards, so
+        # a notebook kernel's own SIGTERM/SIGINT handling is unchanged once launch_fn returns
+        saved_signals = save_signals(config.signals_to_handle)
+        backstop_fired = threading.Event()
 
-    def backstop_kill() -> None:
-        backstop_fired.set()
-        kill_new_children(before)
+        def backstop_kill(before: set[int] = before, fired: threading.Event = backstop_fired) -> None:
+            fired.set()
+            kill_new_children(before)
 
-    backstop = threading.Timer(timeout_s + _BACKSTOP_S, backstop_kill)
-    backstop.daemon = True
-    backstop.start()
-    try:
-        out = elastic_launch(config, rank_entry)(fn, tuple(args), backend, float(timeout_s),
-                                                  threads_per_rank, err_dir, pin_cores,
-                                                  os.getpid(), method == "spawn")
-    except ChildFailedError as e:
-        if backstop_fired.is_set():
-            raise LaunchTimeoutError(
-                f"ranks still running {timeout_s + _BACKSTOP_S:g} s after the launch "
-                f"(timeout_s={timeout_s:g} s plus {_BACKSTOP_S:g} s for start-up); the "
-                "launcher killed them all. A rank's own watchdog did not fire: were the "
-                "ranks still starting (a heavily loaded machine)?",
-                list(range(world_size))) from None
-        raise _failure(e, err_dir, world_size, timeout_s, oom_before) from None
-    finally:
-        backstop.cancel()
-        kill_new_children(before)  # normally none left: the agent reaped them
-        restore_signals(saved_signals)
-        shutil.rmtree(err_dir, ignore_errors=True)
-    return [out[r] for r in range(world_size)]
+        backstop = threading.Timer(timeout_s + _BACKSTOP_S, backstop_kill)
+        backstop.daemon = True
+        backstop.start()
+        crashed = None
+        try:
+            out = elastic_launch(config, rank_entry)(fn, tuple(args), backend, float(timeout_s),
+                                                      threads_per_rank, err_dir, pin_cores,
+                                                      os.getpid(), method == "spawn")
+        except ChildFailedError as e:
+            if backstop_fired.is_set():
+                raise LaunchTimeoutError(
+                    f"ranks still running {timeout_s + _BACKSTOP_S:g} s after the launch "
+                    f"(timeout_s={timeout_s:g} s plus {_BACKSTOP_S:g} s for start-up); the "
+                    "launcher killed them all. A rank's own watchdog did not fire: were the "
+                    "ranks still starting (a heavily loaded machine)?",
+                    list(range(world_size))) from None
+            crashed = _crash_signal(e) if method == "forkserver" else None
+            if crashed is None:
+                raise _failure(e, err_dir, world_size, timeout_s, oom_before) from None
+        finally:
+            backstop.cancel()
+            kill_new_children(before)  # normally none left: the agent reaped them
+            restore_signals(saved_signals)
+            shutil.rmtree(err_dir, ignore_errors=True)
+        if crashed is None:
+            return [out[r] for r in range(world_size)]
+        # A process forked from a parent that imported torch can crash where a fresh one
+        # does not (fork-safety of native libraries); rank bodies are rerunnable, so the
+        # launch runs once more from fresh interpreters, and says so
+        warnings.warn(f"a rank forked from perflab's forkserver died of {crashed}; "
+                      "launching the ranks again with start method 'spawn'",
+                      RuntimeWarning, stacklevel=2)
+        method = "spawn"
+
+
+#: Signals that end a forked rank by a crash (not a stop): worth one relaunch with spawn.
+_CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT", "SIGFPE")
+
+
+def _crash_signal(e: Any) -> str | None:
+    """The name of the crash signal (:data:`_CRASH_SIGNALS`) that ended a rank of the
+    failed launch ``e`` (elastic's ChildFailedError), or None."""
+    import signal
+
+    for failure in getattr(e, "failures", {}).values():
+        code = getattr(failure, "exitcode", None)
+        if isinstance(code, int) and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                continue
+            if name in _CRASH_SIGNALS:
+                return name
+    return None
 
 
 def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,

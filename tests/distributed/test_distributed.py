@@ -110,6 +110,30 @@ def test_a_rank_that_dies_without_an_exception_is_named():
     assert _rank_children() == before
 
 
+@pytest.mark.slow
+def test_a_forked_rank_that_crashes_is_launched_again_with_spawn(tmp_path, monkeypatch):
+    import importlib
+
+    launch = importlib.import_module("perflab.distributed.launch")
+    monkeypatch.setattr(launch, "_start_method", lambda: "forkserver")
+    before = _rank_children()
+    with pytest.warns(RuntimeWarning, match="died of SIGSEGV; launching the ranks again"):
+        assert launch_fn(faults.segfault_once, 2, args=(str(tmp_path / "crashed"),)) == [0, 1]
+    assert _rank_children() == before
+
+
+def test_a_crash_signal_is_read_from_the_failures():
+    from types import SimpleNamespace
+
+    from perflab.distributed.launch import _crash_signal
+
+    failed = lambda *codes: SimpleNamespace(failures={r: SimpleNamespace(exitcode=c)
+                                                      for r, c in enumerate(codes)})
+    assert _crash_signal(failed(-11, -15)) == "SIGSEGV"
+    assert _crash_signal(failed(1, -6)) == "SIGABRT"
+    assert _crash_signal(failed(3)) is None and _crash_signal(failed(-9, -15)) is None
+
+
 def test_innermost_frame_reads_the_main_thread_of_a_dump():
     dump = ('TimeoutError: rank 0 ...\nCurrent thread 0x1 (most recent call first):\n'
             '  File "launch.py", line 94 in fire\n\nThread 0x2 (most recent call first):\n'
