@@ -65,8 +65,9 @@ LABS: tuple[Lab, ...] = (
         "07_stragglers.ipynb"),
     Lab("08", "Capstone", "Make a naive ResNet-18 and GPT script fast yourself: an ablation "
         "with tests, analytic FLOPs, MFU/HFU, the roofline, the memory peak", "08_capstone.ipynb"),
-    Lab("09", "Sharding and scaling", "What ZeRO-1, your ZeRO-2 and your FSDP2 configuration "
-        "save per rank, what they move, and how throughput scales with ranks",
+    Lab("09", "Sharding and scaling", "What ZeRO-1, your ZeRO-2, your FSDP written by hand and "
+        "your FSDP2 configuration save per rank, what they move, and how throughput scales "
+        "with ranks",
         "09_sharding_and_scaling.ipynb"),
     Lab("10", "Tensor and pipeline parallelism", "How do you split one model's layers "
         "(tensor parallel) or its stack (pipeline) across ranks, and what does each cost in "

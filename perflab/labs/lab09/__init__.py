@@ -42,7 +42,7 @@ from perflab.core.memory import read_peak, reset_peak
 from perflab.analysis.sharding import count_collectives, state_bytes
 from perflab.analysis.scaling import scaling_rank
 from perflab.models import mlp, mlp_batches
-from perflab.labs.lab09.fsdp import my_fsdp_rank
+from perflab.labs.lab09.fsdp import distinct_storage_bytes, my_fsdp_rank, tensors_in
 from perflab.labs.lab09.prefetch import prefetch_order_rank
 from perflab.labs.lab09.watch import ZERO_FORBIDDEN, _watch_student
 
@@ -228,43 +228,16 @@ def held_gradient_bytes(model: torch.nn.Module, optimizer: Any, holder: Any) -> 
     For DDP this is Ψ·4 bytes in fp32 (its buckets hold every gradient); for ZeRO-2
     (P_os+g, Rajbhandari et al. 2020, §5.2) Ψ·4/N plus what is still in flight.
     """
-    def storage(t: Any) -> Any:
-        if hasattr(t, "to_local"):
-            t = t.to_local()
-        return t.untyped_storage() if isinstance(t, torch.Tensor) else None
-
     groups = getattr(holder, "param_groups", []) or []
     theirs = [p for g in groups for p in g["params"]]
-    skip = {storage(p).data_ptr() for p in [*model.parameters(), *theirs]}
+    skip = [*model.parameters(), *theirs]
     for state in getattr(holder, "state", {}).values():
-        skip |= {storage(v).data_ptr() for v in state.values() if isinstance(v, torch.Tensor)}
-    seen: set[int] = set()
-    total = 0
-
-    def add(t: Any) -> None:
-        nonlocal total
-        st = storage(t)
-        if st is None or st.data_ptr() in skip or st.data_ptr() in seen or st.nbytes() == 0:
-            return
-        seen.add(st.data_ptr())
-        total += st.nbytes()
-
-    def walk(obj: Any, depth: int) -> None:
-        if isinstance(obj, torch.Tensor):
-            add(obj)
-        elif depth and isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v, depth - 1)
-        elif depth and isinstance(obj, dict):
-            for v in obj.values():
-                walk(v, depth - 1)
-
-    for p in [*model.parameters(), *theirs]:
-        add(p.grad)
+        skip += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    grads = [p.grad for p in [*model.parameters(), *theirs]]
     if optimizer is not holder and not isinstance(optimizer, torch.optim.Optimizer):
-        for value in vars(optimizer).values():   # a hand-written optimizer's buffers
-            walk(value, 3)
-    return total
+        grads += [t for value in vars(optimizer).values()   # a hand-written optimizer's buffers
+                  for t in tensors_in(value, 3)]
+    return distinct_storage_bytes(grads, skip)
 
 
 def _exp_avg(optimizer: Any) -> list[float] | None:

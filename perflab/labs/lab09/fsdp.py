@@ -48,7 +48,8 @@ from perflab.analysis.sharding import count_collectives
 from perflab.labs.lab09.watch import _watch_student
 from perflab.models import mlp, mlp_batches
 
-__all__ = ["my_fsdp_rank", "unsharded_bytes", "FSDP_COLLECTIVES"]
+__all__ = ["my_fsdp_rank", "unsharded_bytes", "FSDP_COLLECTIVES", "tensors_in",
+           "distinct_storage_bytes"]
 
 #: The collectives :func:`my_fsdp_rank` samples memory after (``torch.distributed`` names).
 FSDP_COLLECTIVES = ("all_gather_into_tensor", "all_gather_single", "all_gather",
@@ -68,40 +69,55 @@ def unsharded_bytes(blocks: Sequence[torch.nn.Module], holder: Any,
     Returns:
         int bytes; each storage counted once.
     """
-    def storage(t: Any) -> Any:
-        if hasattr(t, "to_local"):   # a DTensor (torch's FSDP2): its local shard
-            t = t.to_local()
-        return t.untyped_storage() if isinstance(t, torch.Tensor) else None
-
     params = [p for b in blocks for p in b.parameters()]
-    not_params = {storage(t).data_ptr() for t in skip if storage(t) is not None}
-    not_params |= {storage(p.grad).data_ptr() for p in params if p.grad is not None}
+    kept = [t for value in vars(holder).values() if not isinstance(value, torch.nn.Module)
+            for t in tensors_in(value, 3)]
+    return distinct_storage_bytes([*params, *kept], skip=[*skip, *(p.grad for p in params)])
+
+
+def _storage(t: Any) -> Any:
+    """The untyped storage behind ``t`` (a DTensor's local shard); None for a non-tensor."""
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    return t.untyped_storage() if isinstance(t, torch.Tensor) else None
+
+
+def _storage_ptr(t: Any) -> int | None:
+    """The address of ``t``'s storage; None for a non-tensor or an empty storage."""
+    st = _storage(t)
+    return None if st is None or st.nbytes() == 0 else st.data_ptr()
+
+
+def tensors_in(obj: Any, depth: int) -> Any:
+    """Yield the tensors reachable from ``obj`` through lists, tuples and dicts, ``depth``
+    levels deep (a tensor itself at depth 0)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth and isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors_in(v, depth - 1)
+    elif depth and isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors_in(v, depth - 1)
+
+
+def distinct_storage_bytes(tensors: Sequence[Any], skip: Sequence[Any] = ()) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (None entries ignored; a DTensor:
+    its local shard; a view counts its whole storage, once), leaving out the storages
+    behind ``skip`` (tensors) and empty ones.
+
+    Returns:
+        int bytes.
+    """
+    skip = {_storage_ptr(t) for t in skip} - {None}
     seen: set[int] = set()
     total = 0
-
-    def add(t: Any) -> None:
-        nonlocal total
-        st = storage(t)
-        if st is None or st.nbytes() == 0 or st.data_ptr() in not_params or st.data_ptr() in seen:
-            return
-        seen.add(st.data_ptr())
-        total += st.nbytes()
-
-    def walk(obj: Any, depth: int) -> None:
-        if isinstance(obj, torch.Tensor):
-            add(obj)
-        elif depth and isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v, depth - 1)
-        elif depth and isinstance(obj, dict):
-            for v in obj.values():
-                walk(v, depth - 1)
-
-    for p in params:
-        add(p)
-    for value in vars(holder).values():
-        if not isinstance(value, torch.nn.Module):
-            walk(value, 3)
+    for t in tensors:
+        ptr = _storage_ptr(t)
+        if ptr is None or ptr in skip or ptr in seen:
+            continue
+        seen.add(ptr)
+        total += _storage(t).nbytes()
     return total
 
 
