@@ -255,15 +255,67 @@ def test_honest_variant_passes(tmp_path, monkeypatch):
     assert verdict.passed, verdict.message
 
 
+WRONG_SEED = 2
+#: what the judge finds first in each wrong answer (any of these)
+WHY = {"never frees": ("unsharded at once", "differ from unsharded AdamW"),   # stale blocks
+       "gathers every block at once": ("unsharded at once", "by phase"),
+       "all-reduces instead of reduce-scattering": ("collectives per step",),
+       "forgets the mean": ("differ from unsharded AdamW",),
+       "casts after the all-gather": ("B of all_gather per step",),
+       "ignores reshard_after_forward": ("collectives per step",),
+       "ignores prefetch": ("issued before each block's forward", "by phase"),
+       "wraps fully_shard": ("torch's sharding",)}
+
+
+@pytest.fixture(scope="module")
+def wrong_launch(tmp_path_factory):
+    """variant -> per-rank records of the check's hidden launch (the configs drawn at
+    WRONG_SEED) with that wrong MyFSDP: every variant in ONE 2-rank launch (each launch
+    costs seconds), read back by the check's own student_answer below."""
+    import os
+
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+
+    cases_fn, _ = graded_functions(split_check(NB.cells["check_my_fsdp"]).graded, "check_my_fsdp")
+    (configs,) = [c["configs"] for c in draw_cases(cases_fn, WRONG_SEED) if c is not None]
+    folder = tmp_path_factory.mktemp("fsdp_wrong")
+    modules = {}
+    for name, make in WRONG.items():
+        modules[name] = f"fsdp_w{next(_names)}"
+        (folder / f"{modules[name]}.py").write_text(
+            _reference_file().replace(_fsdp_source(), make()))
+    here = os.getcwd()
+    os.chdir(folder)   # the ranks import the student's module from the working folder
+    try:
+        ranks = launch_fn(tasks_rank, 2, device="cpu", timeout_s=300,
+                          args=([("my_fsdp", (configs, m), {}) for m in modules.values()],))
+    finally:
+        os.chdir(here)
+    return configs, modules, {name: [rank[k] for rank in ranks] for k, name in enumerate(modules)}
+
+
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_fsdp_fails(name, tmp_path, monkeypatch, reference_ns):
-    # the notebook's own launch is the reference's: only the graded call's launch runs
-    # the wrong code, so the failure is the hidden case's
-    lab = (reference_ns["small2"], reference_ns["fsdp_by_hand"])
-    ns = _ns(tmp_path, monkeypatch, WRONG[name](), lab_records=lab)
-    verdict = NB.judge(ns, "check_my_fsdp", seed=2)
+def test_wrong_fsdp_fails(name, monkeypatch, reference_ns, wrong_launch):
+    # the notebook's own launch is the reference's; the graded call's launch is the shared
+    # one above, handed to the check's student_answer in place of a new launch
+    import types
+
+    import perflab.distributed
+
+    configs, modules, records = wrong_launch
+
+    def launched(fn, world_size, *, args, **kwargs):
+        ((task, (cfgs, module), _),) = args[0]
+        assert task == "my_fsdp" and cfgs == configs and module == modules[name]
+        return [[rank] for rank in records[name]]
+
+    monkeypatch.setattr(perflab.distributed, "launch_fn", launched)
+    ns = dict(reference_ns, zero1_student=types.SimpleNamespace(__name__=modules[name]))
+    verdict = NB.judge(ns, "check_my_fsdp", seed=WRONG_SEED)
     assert not verdict.passed and verdict.message.startswith("hidden case"), verdict
+    assert any(why in verdict.message for why in WHY[name]), verdict.message   # not a crash
     if name == "wraps fully_shard":
         assert "fully_shard" in verdict.message, verdict.message
 
