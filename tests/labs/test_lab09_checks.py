@@ -711,10 +711,21 @@ def _zero2_ns(tmp_path, monkeypatch, zero2: str) -> dict:
             "STEPS": 6, "WORLD_SIZE": 2, "ZERO2_BUCKET_MB": 0.01}
 
 
+@pytest.fixture(scope="module")
+def good_zero2_ns(tmp_path_factory):
+    """The reference ZeRO-2's lab launch, once for the tests that read it (a launch costs
+    seconds)."""
+    mp = pytest.MonkeyPatch()
+    try:
+        yield _zero2_ns(tmp_path_factory.mktemp("zero2_good"), mp, _GOOD_ZERO2)
+    finally:
+        mp.undo()
+
+
 @slow
 @pytest.mark.parametrize("seed", [0, "grade:ada"])
-def test_zero2_reference_passes(seed, tmp_path, monkeypatch):
-    ns = _zero2_ns(tmp_path, monkeypatch, _GOOD_ZERO2)
+def test_zero2_reference_passes(seed, good_zero2_ns):
+    ns = good_zero2_ns
     NB.run_code(dict(ns), split_check(NB.cells["check_zero2"]).probe)   # the self-check too
     verdict = NB.judge(ns, "check_zero2", seed=seed)
     assert verdict.passed, verdict.message
@@ -728,7 +739,7 @@ def test_zero2_honest_variant_passes(tmp_path, monkeypatch):
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_ZERO2))
-def test_wrong_zero2_fails(name, tmp_path, monkeypatch):
+def test_wrong_zero2_fails(name, tmp_path, monkeypatch, good_zero2_ns):
     ns = _zero2_ns(tmp_path, monkeypatch, WRONG_ZERO2[name])
     verdict = NB.judge(ns, "check_zero2")
     if "ZeroRedundancyOptimizer" in name:
@@ -736,7 +747,7 @@ def test_wrong_zero2_fails(name, tmp_path, monkeypatch):
         # do the ranks of the graded call's own launch (the reference's lab records here)
         assert not verdict.passed and "ZeroRedundancyOptimizer" in verdict.message, verdict
         assert all(r["zero2"]["delegated"] == [_ZRO] for r in ns["small2"])
-        good = _zero2_ns(tmp_path, monkeypatch, _GOOD_ZERO2)["small2"]
+        good = good_zero2_ns["small2"]
         hidden_only = NB.judge(dict(ns, small2=good), "check_zero2")
         assert not hidden_only.passed and "ZeroRedundancyOptimizer" in hidden_only.message, (
             hidden_only)
