@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -139,13 +139,18 @@ class count_collectives:  # noqa: N801 - used as a context manager, named like o
     runs to learn where each collective was issued: ``phase_calls[phase][kind]`` counts
     them (how Lab 09 checks that ZeRO-2's reduce-scatters run during ``backward()``).
 
+    ``after_call`` (optional) is called with the ``torch.distributed`` function's name
+    each time a counted collective returns (how Lab 09 samples the memory a rank holds
+    right after each all-gather is issued).
+
     Attributes:
         calls: kind -> number of calls. bytes: kind -> message bytes.
         phase: the label calls are counted under in ``phase_calls`` ("" by default).
         phase_calls: phase -> kind -> number of calls.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, after_call: Callable[[str], None] | None = None) -> None:
+        self.after_call = after_call
         self.calls: dict[str, int] = defaultdict(int)
         self.bytes: dict[str, int] = defaultdict(int)
         self.phase = ""
@@ -169,9 +174,12 @@ class count_collectives:  # noqa: N801 - used as a context manager, named like o
                 self.bytes[kind] += _message_nbytes(message)
             self._depth += 1
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
             finally:
                 self._depth -= 1
+            if self._depth == 0 and self.after_call is not None:
+                self.after_call(name)
+            return out
 
         return counted
 

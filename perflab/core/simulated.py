@@ -8,8 +8,8 @@ Specs and pure models only (core layer, no torch.distributed):
   (latency-bandwidth) model of a message's time, ``T(n) = alpha + n / beta`` (Hockney
   1994, "The communication challenge for MPP"), and :class:`LinkModel` schedules DDP's
   buckets on it as ring allreduces: ``2(p-1)`` latency hops and ``2(p-1)/p * n`` bytes per
-  rank (Patarasuk & Yuan 2009), the one latency convention of Labs 06, 09 and 10. The DDP communication hook that applies it is
-  :mod:`perflab.distributed.link_hook`. Every table and plot names it as "simulated link:
+  rank (Patarasuk & Yuan 2009), the one latency convention of Labs 06, 09 and 10. The
+  DDP communication hook that applies it is :mod:`perflab.distributed.link_hook`. Every table and plot names it as "simulated link:
   alpha=..., beta=...".
 * :class:`Straggler`: a delay injected on one rank: which rank, how much, where. The
   training step sleeps it (:func:`perflab.train.step.train_step`);

@@ -199,7 +199,8 @@ def timed_allreduce_buckets(bucket_nbytes: Sequence[int], *, link: SimulatedLink
     allreduced asynchronously in order (as DDP issues them once all are ready) and waited
     for; with ``link`` each bucket is also booked on a :class:`~perflab.core.simulated.LinkModel`
     (all handed to the link at the start, so they queue: ``sum(2(p-1) alpha + 2(p-1)/p n_i /
-    beta)``, a ring allreduce each) and the call returns no earlier than the last modelled completion (sleeping, not spinning).
+    beta)``, a ring allreduce each) and the call returns no earlier than the last modelled
+    completion (sleeping, not spinning).
 
     Args:
         bucket_nbytes: fp32 gradient bytes of each bucket (DDP's bucket sizes), each >= 1.

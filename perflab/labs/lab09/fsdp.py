@@ -36,7 +36,6 @@ FSDP2 and checks the count).
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import sys
@@ -48,14 +47,7 @@ from perflab.analysis.sharding import count_collectives
 from perflab.labs.lab09.watch import _watch_student
 from perflab.models import mlp, mlp_batches
 
-__all__ = ["my_fsdp_rank", "unsharded_bytes", "FSDP_COLLECTIVES", "tensors_in",
-           "distinct_storage_bytes"]
-
-#: The collectives :func:`my_fsdp_rank` samples memory after (``torch.distributed`` names).
-FSDP_COLLECTIVES = ("all_gather_into_tensor", "all_gather_single", "all_gather",
-                    "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter",
-                    "all_reduce", "broadcast")
-
+__all__ = ["my_fsdp_rank", "unsharded_bytes", "tensors_in", "distinct_storage_bytes"]
 
 def unsharded_bytes(blocks: Sequence[torch.nn.Module], holder: Any,
                     skip: Sequence[torch.Tensor] = ()) -> int:
@@ -136,31 +128,6 @@ class _Peak:
             self.bytes, self.where = now, where
 
 
-def _sampling_collectives(peak: _Peak) -> Any:
-    """Wrap :data:`FSDP_COLLECTIVES` so that ``peak`` samples right after each call (an
-    unsharded buffer exists once its all-gather is issued); returns the undo."""
-    import torch.distributed as dist
-
-    saved = {}
-    for name in FSDP_COLLECTIVES:
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        saved[name] = fn
-
-        def sampled(*args: Any, __fn: Any = fn, __name: str = name, **kwargs: Any) -> Any:
-            out = __fn(*args, **kwargs)
-            peak.sample(f"after {__name}")
-            return out
-
-        setattr(dist, name, functools.wraps(fn)(sampled))
-
-    def undo() -> None:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
-    return undo
-
-
 def my_fsdp_rank(configs: Sequence[dict[str, Any]], student_module: str) -> list[dict[str, Any]]:
     """Rank body: the student's ``MyFSDP`` on :func:`perflab.models.mlp` models (each
     ``nn.Linear`` a block), trained with AdamW; one record per config.
@@ -229,27 +196,24 @@ def my_fsdp_rank(configs: Sequence[dict[str, Any]], student_module: str) -> list
                 for p in b.parameters():
                     p.register_post_accumulate_grad_hook(
                         lambda _p, i=i: peak.sample(f"block {i} gradient accumulated"))
-            undo = _sampling_collectives(peak)
-            try:
-                with count_collectives() as comm:
-                    for s, (x, y) in enumerate(data):
-                        if s == 1:  # the steady state: the first step builds AdamW's state
-                            comm.calls.clear()
-                            comm.bytes.clear()
-                            comm.phase_calls.clear()
-                        order.clear()
-                        base = comm.phase_calls["forward"]["all_gather"]
-                        comm.phase = "forward"
-                        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
-                        comm.phase = "backward"
-                        loss.backward()
-                        comm.phase = "step"
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
-                        comm.phase = ""
-                        losses.append(float(loss.detach()))
-            finally:
-                undo()
+            # an unsharded buffer exists once its all-gather is issued: sample after each
+            with count_collectives(after_call=lambda name: peak.sample(f"after {name}")) as comm:
+                for s, (x, y) in enumerate(data):
+                    if s == 1:  # the steady state: the first step builds AdamW's state
+                        comm.calls.clear()
+                        comm.bytes.clear()
+                        comm.phase_calls.clear()
+                    order.clear()
+                    base = comm.phase_calls["forward"]["all_gather"]
+                    comm.phase = "forward"
+                    loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+                    comm.phase = "backward"
+                    loss.backward()
+                    comm.phase = "step"
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    comm.phase = ""
+                    losses.append(float(loss.detach()))
         params = _gathered(shards, numels, ws)
         n = cfg["steps"] - 1
         out.append({"params": params, "losses": losses,
