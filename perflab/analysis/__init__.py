@@ -2,7 +2,9 @@
 
 Profiling and diagnosis (:mod:`~perflab.analysis.profiling`,
 :mod:`~perflab.analysis.diagnosis`), trace reading and HTA-style breakdowns
-(:mod:`~perflab.analysis.trace`, :mod:`~perflab.analysis.trace_analysis`), mixed precision
+(:mod:`~perflab.analysis.trace`, :mod:`~perflab.analysis.trace_analysis`), recordings made
+on GPU machines elsewhere (:mod:`~perflab.analysis.recordings`: profiler traces and
+nccl-tests tables), mixed precision
 (:mod:`~perflab.analysis.amp`), torch.compile (:mod:`~perflab.analysis.compilation`,
 :mod:`~perflab.analysis.compile_cache`), FLOPs, MFU and the roofline
 (:mod:`~perflab.analysis.flops`, :mod:`~perflab.analysis.roofline`), memory

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import gzip
 import json
 import os
 import re
@@ -43,7 +44,9 @@ GRADER_ONLY = ("course/",)
 
 #: Files under ``perflab/`` that ship besides ``*.py``: the package data of
 #: pyproject.toml's ``[tool.setuptools.package-data]``.
-PACKAGE_DATA = ("recordings/*.json", "recordings/README.md")
+PACKAGE_DATA = ("recordings/*.json", "recordings/README.md",
+                "recordings/gpu/*/*.json.gz", "recordings/gpu/*.md", "recordings/gpu/LICENSE-*",
+                "recordings/nccl/*.txt", "recordings/nccl/*.md", "recordings/nccl/LICENSE-*")
 
 #: Markers of nbgrader regions that no released file may contain.
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS",
@@ -229,6 +232,8 @@ def _secret_lines(solutions: Path) -> dict[str, str]:
 
 
 def _file_text(path: Path) -> str:
+    if path.suffix == ".gz":  # package data: gzipped traces, checked as the text they hold
+        return gzip.decompress(path.read_bytes()).decode("utf-8", errors="replace")
     text = path.read_text(encoding="utf-8", errors="replace")
     if path.suffix != ".ipynb":
         return text
@@ -326,7 +331,8 @@ def release(dest: Path, *, repo: Path, check_labs: bool = True) -> ReleaseReport
             else:
                 shutil.copyfile(copies[rel], tmp / rel)
         public = {ln.strip() for nb in labs for c in _cells(nb) for ln in _source(c).splitlines()}
-        public |= {ln.strip() for rel in files if rel.startswith("perflab/")
+        public |= {ln.strip() for rel in files
+                   if rel.startswith("perflab/") and not rel.endswith(".gz")
                    for ln in (tmp / rel).read_text(encoding="utf-8").splitlines()}
         secret = {ln: w for ln, w in _secret_lines(repo / "solutions").items()
                   if ln not in public}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import subprocess
 import sys
@@ -36,9 +37,16 @@ def _files(dest: Path) -> list[Path]:
     return sorted(p for p in dest.rglob("*") if p.is_file())
 
 
+def _text_of(path: Path) -> str:
+    """A released file's text (a gzipped recording: the text it holds)."""
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode("utf-8")
+    return path.read_text(encoding="utf-8")
+
+
 def _lines_of(path: Path) -> set[str]:
     """The stripped lines of a released file (a notebook: its cells and outputs too)."""
-    text = path.read_text(encoding="utf-8")
+    text = _text_of(path)
     parts = [text]
     if path.suffix == ".ipynb":
         for cell in nbformat.reads(text, as_version=4).cells:
@@ -80,8 +88,9 @@ def test_release_holds_what_students_get_and_nothing_else(released):
     assert [p.name for p in (dest / "docs").iterdir()] == ["STUDENTS.md"]
     assert not (dest / "perflab" / "course").exists()
     assert not list(dest.rglob("__pycache__")) and not list(dest.rglob("*_student.py"))
-    assert {p.name for p in (dest / "perflab" / "recordings").iterdir()} == {
-        p.name for p in (ROOT / "perflab" / "recordings").iterdir() if p.is_file()}
+    assert {p.relative_to(dest / "perflab") for p in _files(dest / "perflab" / "recordings")
+            } == {p.relative_to(ROOT / "perflab")
+                  for p in _files(ROOT / "perflab" / "recordings")}
     stub = (dest / "perflab" / "cli" / "course.py").read_text()
     assert "def add_parser" in stub and "perflab.course" not in stub
     assert sorted(str(p.relative_to(dest)) for p in _files(dest)) == list(report.files)
@@ -104,7 +113,7 @@ def test_release_holds_no_reference_line_hidden_test_or_rubric(released):
     assert len(checked) > 500  # the solutions hold that many answer lines: not vacuous
     assert any(ln.startswith("**Rubric") for ln in checked)  # rubrics are among them
     for path in _files(dest):
-        text = path.read_text(encoding="utf-8")
+        text = _text_of(path)
         assert not [m for m in MARKERS if m in text], path
         assert "**Rubric" not in text and "model answer, for the grader" not in text, path
         leaked = _lines_of(path) & set(checked)
