@@ -79,13 +79,18 @@ def graded_verdict(check: CheckCell, ns: dict, name: str, seed: int | str = 0) -
     return JudgeResult(outcome.passed, outcome.message, hidden=not outcome.passed)
 
 
-def grade_reference_and_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str, new: str,
-                              wall_timeout_s: float = 1200):
-    """Grade lab ``lab_path`` twice in the sandbox, side by side: as the reference
-    answers, and with ``old`` replaced by ``new`` in answer cell ``gid``.
+def grade_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str, new: str,
+                wall_timeout_s: float = 1200):
+    """Grade lab ``lab_path`` once in the sandbox, with ``old`` replaced by ``new`` in
+    answer cell ``gid`` (a wrong answer) and every other answer the reference's.
+
+    One grading, not two: every check but the broken one (and those that depend on it)
+    passing in the sandbox is the reference graded there, and the broken check's reference
+    passes under nbval with the same judge; a second grading of the whole lab cost CI
+    50-100 s per lab.
 
     Returns:
-        (the reference's grade, {grade_id: check result} of the wrong submission).
+        (the submission's grade, {grade_id: check result}).
     """
     import shutil
 
@@ -95,14 +100,19 @@ def grade_reference_and_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str
     ref, subs = tmp_path / "reference", tmp_path / "subs"
     ref.mkdir()
     shutil.copy(lab_path, ref / lab_path.name)
-    (subs / "ref").mkdir(parents=True)
-    shutil.copy(lab_path, subs / "ref" / lab_path.name)
     nb = nbformat.read(str(lab_path), as_version=4)
     (cell,) = [c for c in nb.cells if _gid(c) == gid]
     assert old in cell.source, f"{old!r} is not in answer cell {gid}"
     cell.source = cell.source.replace(old, new)
-    (subs / "wrong").mkdir()
+    (subs / "wrong").mkdir(parents=True)
     nbformat.write(nb, str(subs / "wrong" / lab_path.name))
-    grades = {g.student: g for g in grade_submissions(
-        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=wall_timeout_s), jobs=2)}
-    return grades["ref"], {c.grade_id: c for c in grades["wrong"].checks}
+    (grade,) = grade_submissions(
+        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=wall_timeout_s), jobs=1)
+    return grade, {c.grade_id: c for c in grade.checks}
+
+
+def notebook_points(lab_path: Path) -> int:
+    """The points of every graded cell of the notebook (nbgrader metadata)."""
+    nb = nbformat.read(str(lab_path), as_version=4)
+    return sum(c.metadata["nbgrader"].get("points", 0) for c in nb.cells
+               if c.metadata.get("nbgrader", {}).get("grade"))

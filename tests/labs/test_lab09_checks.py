@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, grade_reference_and_wrong
+from tests.labs.labcheck import Lab, grade_wrong, notebook_points
 from perflab.course.checks import split_check
 from perflab.distributed import launch_fn
 from perflab.models import mlp
@@ -475,13 +475,15 @@ def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch):
 @slow
 def test_lab09_graded_in_the_sandbox(tmp_path):
     """The real Lab 09 graded as a submission: the %%writefile answer is written in the
-    sandbox's scratch folder and imported by the spawned ranks; the reference gets full
-    marks, a ZeRO-1 that never broadcasts loses check_zero1 and nothing before it."""
-    g, wrong = grade_reference_and_wrong(LAB, tmp_path, "zero1_file",
-                                         "dist.broadcast(p.data, src=r)", "pass")
-    assert g.points == g.max_points > 0, [(c.grade_id, c.message) for c in g.checks
-                                          if c.status != "passed"]
+    sandbox's scratch folder and imported by the spawned ranks; every answer before
+    it is the reference's and passes; a ZeRO-1 that never broadcasts loses check_zero1 and nothing before it."""
+    g, wrong = grade_wrong(LAB, tmp_path, "zero1_file", "dist.broadcast(p.data, src=r)", "pass")
+    assert g.max_points == notebook_points(LAB) > 0
     assert wrong["check_zero1"].status == "failed" and wrong["check_zero1"].points == 0
+    order = list(wrong)
+    before = order[:order.index("check_zero1")]
+    assert before and all(wrong[gid].status == "passed" for gid in before), [
+        (gid, wrong[gid].message) for gid in before if wrong[gid].status != "passed"]
     assert wrong["check_state_bytes"].status == "passed"
 
 
