@@ -13,7 +13,9 @@
   segment backward recomputes at once (:func:`cpu_step_bytes`). Deterministic; it
   leaves out temporaries and allocator caching, which the GPU search includes.
 
-Both use :func:`search_max_batch`: galloping from a guess, then bisection.
+Both use :func:`search_max_batch`: galloping from a guess, then bisection, from the
+smallest batch the model can train on (:func:`smallest_batch`: 2 where a BatchNorm layer
+sees a 1x1 map, since one sample then gives it one value per channel).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from perflab.core.memory import GIB, MIB, model_state_bytes, saved_activation_by
 from perflab.train.step import make_scaler, train_step
 from perflab.train.workloads import synthetic_batch, training_parts
 
-__all__ = ["MaxBatch", "search_max_batch", "find_max_batch", "cpu_step_bytes"]
+__all__ = ["MaxBatch", "search_max_batch", "find_max_batch", "cpu_step_bytes",
+           "smallest_batch"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,8 +41,8 @@ class MaxBatch:
     """Result of :func:`find_max_batch`.
 
     Attributes:
-        batch_size: the largest batch size that fitted (0 if not even 2 did: BatchNorm
-            needs two samples to train).
+        batch_size: the largest batch size that fitted (0 if not even the smallest
+            trainable one did, :func:`smallest_batch`).
         method: how fitting was decided (OOM search or the CPU byte budget).
         budget_bytes: the budget, or None (a GPU search without one).
         trials: one row per size tried, in order: ``batch_size``, ``fits``, ``bytes``
@@ -120,6 +123,40 @@ def search_max_batch(fits: Callable[[int], tuple[bool, int | None, str]], *,
     return (good if good >= minimum else 0), table, good == limit
 
 
+_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
+                torch.nn.SyncBatchNorm)
+
+
+def smallest_batch(config: RunConfig) -> int:
+    """The smallest batch size a training step of ``config`` accepts: 2 when a BatchNorm
+    layer sees one value per channel per sample (a 1x1 map, e.g. ResNet-18's last stage
+    at 32 px), else 1.
+
+    In training, BatchNorm normalises each channel over the batch and the map
+    (``N x H x W`` values); with a single value the variance is undefined and torch
+    raises ``ValueError: Expected more than 1 value per channel when training``. Read
+    from one forward pass of a fresh model at batch 2, in eval mode (same shapes, no
+    statistics updated).
+    """
+    parts = training_parts(config, batch_size=2)
+    per_sample: list[int] = []
+
+    def record(module: torch.nn.Module, args: tuple) -> None:
+        x = args[0]
+        per_sample.append(x.numel() // (x.shape[0] * x.shape[1]))
+
+    hooks = [m.register_forward_pre_hook(record) for m in parts.model.modules()
+             if isinstance(m, _BATCH_NORMS)]
+    try:
+        parts.model.eval()
+        with torch.no_grad():
+            parts.model(parts.x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return 2 if any(v == 1 for v in per_sample) else 1
+
+
 def cpu_step_bytes(config: RunConfig) -> Callable[[int], dict[str, int]]:
     """A function ``n -> {"state", "saved", "recompute"}`` (bytes) for one training step
     of ``config`` at batch size n, measured on one fresh seeded model.
@@ -131,7 +168,11 @@ def cpu_step_bytes(config: RunConfig) -> Callable[[int], dict[str, int]]:
     * recompute: with checkpointing, the largest checkpointed segment's own saved bytes,
       which backward holds while it recomputes that segment (Chen et al. 2016's n/k
       term; from :func:`perflab.analysis.checkpointing.stage_table`); 0 without.
+
+    The returned function raises ``ValueError`` for n below :func:`smallest_batch`
+    (a batch the model cannot train on has no training-step bytes).
     """
+    lowest = smallest_batch(config)
     parts = training_parts(config, batch_size=2)
     train_step(parts.model, parts.x, parts.y, parts.optimizer, amp=config.amp)
     state = model_state_bytes(parts.model, parts.optimizer)
@@ -139,6 +180,11 @@ def cpu_step_bytes(config: RunConfig) -> Callable[[int], dict[str, int]]:
     plan = segment_plan(config.checkpointing)
 
     def step_bytes(n: int) -> dict[str, int]:
+        if n < lowest:
+            raise ValueError(
+                f"batch {n} cannot train: a BatchNorm layer of this model sees a 1x1 map "
+                f"at image_size={config.image_size}, one value per channel per sample; "
+                f"start at smallest_batch(config) = {lowest}")
         x, y = synthetic_batch(config, n, device=parts.device)
         with torch.autocast(parts.device.type, dtype=torch.bfloat16,
                             enabled=config.amp == "bf16"):
@@ -203,6 +249,7 @@ def find_max_batch(config: RunConfig, *, budget_gib: float | None = None,
                              "memory budget in GiB): running a CPU out of memory would "
                              "swap or kill the kernel instead of raising")
         budget = int(budget_gib * GIB)
+        lowest = smallest_batch(config)
         step_bytes = cpu_step_bytes(config)
 
         def fits(n: int) -> tuple[bool, int | None, str]:
@@ -212,8 +259,10 @@ def find_max_batch(config: RunConfig, *, budget_gib: float | None = None,
         if start is None:  # bytes are affine in the batch size: a guess from two sizes
             b2, b4 = sum(step_bytes(2).values()), sum(step_bytes(4).values())
             per_sample = max((b4 - b2) / 2, 1.0)
-            start = int(min(max((budget - (b2 - 2 * per_sample)) // per_sample, 2), limit))
-        best, trials, hit = search_max_batch(fits, start=start, limit=limit, minimum=2)
+            start = int(min(max((budget - (b2 - 2 * per_sample)) // per_sample, lowest),
+                            limit))
+        best, trials, hit = search_max_batch(fits, start=max(start, lowest), limit=limit,
+                                             minimum=lowest)
         return MaxBatch(best, "CPU budget: model state + saved activations + recompute "
                         "(measured bytes)", budget, trials, hit)
     total = torch.cuda.get_device_properties(dev).total_memory
@@ -223,9 +272,11 @@ def find_max_batch(config: RunConfig, *, budget_gib: float | None = None,
                          f"{total / GIB:.1f} GiB; pass a smaller budget or None")
     if budget is not None:
         torch.cuda.set_per_process_memory_fraction(budget / total, dev)
+    lowest = smallest_batch(config)
     try:
-        best, trials, hit = search_max_batch(_cuda_fits(config), limit=limit, minimum=2,
-                                             start=min(start or config.batch_size, limit))
+        best, trials, hit = search_max_batch(
+            _cuda_fits(config), limit=limit, minimum=lowest,
+            start=min(max(start or config.batch_size, lowest), limit))
     finally:
         if budget is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, dev)

@@ -17,7 +17,7 @@ from perflab.analysis.checkpointing import (
     stage_table, tradeoff_curve,
 )
 from perflab.analysis.max_batch import (
-    _cuda_fits, cpu_step_bytes, find_max_batch, search_max_batch,
+    _cuda_fits, cpu_step_bytes, find_max_batch, search_max_batch, smallest_batch,
 )
 from perflab.core.memory import MIB, saved_activation_bytes
 from perflab.models import resnet18, tiny_cnn
@@ -163,6 +163,34 @@ def test_find_max_batch_cpu_budget_and_checkpointing():
 def test_find_max_batch_nothing_fits():
     r = find_max_batch(SMALL, budget_gib=0.01)  # below the model state alone
     assert r.batch_size == 0 and not r.trials.fits.any()
+
+
+def test_smallest_batch_is_where_batchnorm_can_train():
+    """ResNet-18 at 32 px ends in a 1x1 map: one sample gives BatchNorm one value per
+    channel and training refuses it; at 64 px (2x2) and in the tiny CNN it trains."""
+    from perflab.train.workloads import training_parts
+
+    at_64 = SMALL.replace(image_size=64)
+    assert smallest_batch(SMALL) == 2
+    assert smallest_batch(at_64) == 1 and smallest_batch(SMALL.replace(model="tiny")) == 1
+    one = training_parts(SMALL, batch_size=1)      # the rule is torch's: check it holds
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        one.model(one.x)
+    one = training_parts(at_64, batch_size=1)
+    one.model(one.x)
+    with pytest.raises(ValueError, match=r"batch 1 cannot train.*smallest_batch\(config\) = 2"):
+        cpu_step_bytes(SMALL)(1)
+
+
+@pytest.mark.parametrize("image_size, want", [(32, 0), (64, 1)])
+def test_find_max_batch_starts_at_the_smallest_trainable_batch(image_size, want):
+    """A budget one byte short of batch 2: at 32 px batch 1 cannot train, so nothing fits
+    (a search that proposes or returns 1 fails here); at 64 px batch 1 fits."""
+    cfg = SMALL.replace(image_size=image_size)
+    two = sum(cpu_step_bytes(cfg)(2).values())
+    r = find_max_batch(cfg, budget_gib=(two - 1) / 2**30, limit=64)
+    assert r.batch_size == want, r.trials
+    assert (1 in r.trials.batch_size.tolist()) == (want == 1)
 
 
 def test_cuda_search_survives_out_of_memory(monkeypatch):
