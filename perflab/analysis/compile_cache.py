@@ -7,6 +7,11 @@ Caching in torch.compile"). A fresh process is needed to see it: inside one proc
 dynamo's in-memory caches would hide the disk cache. :func:`run_in_fresh_process` runs
 :func:`perflab.run` with ``config.compile`` in a new Python process with a given cache
 directory and returns the :class:`~perflab.RunResult` and the generated kernels.
+
+Inside one process, :func:`cache_lookups` says whether a compile came from that cache:
+inductor counts its FX graph cache hits and misses in ``torch._dynamo.utils.counters``
+(a hit of the AOTAutograd cache loads its graphs from the FX graph cache, so it counts
+there too).
 """
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ from perflab.core.paths import default_results_dir
 from perflab.core.timing import Stopwatch
 from perflab.experiment import run
 
-__all__ = ["inductor_cache_dir", "CacheRun", "run_in_fresh_process", "timing_from_runs"]
+__all__ = ["inductor_cache_dir", "CacheRun", "run_in_fresh_process", "timing_from_runs",
+           "CacheLookups", "cache_lookups"]
 
 
 def inductor_cache_dir(name: str = "lab05", root: str | Path | None = None) -> Path:
@@ -38,6 +44,44 @@ def inductor_cache_dir(name: str = "lab05", root: str | Path | None = None) -> P
     or ``results/``), so CI can keep it between the steps of one job.
     """
     return Path(root or default_results_dir()) / "inductor-cache" / name
+
+
+@dataclass(frozen=True)
+class CacheLookups:
+    """Inductor's FX graph cache lookups in this process, counted since it started
+    (``torch._dynamo.utils.counters["inductor"]``); subtract two to count a stretch.
+
+    Attributes:
+        hits: graphs loaded from the cache (compiled before, in any process).
+        misses: graphs inductor compiled and stored (the cold path: code generation and
+            the C++/Triton compiler).
+        bypasses: graphs inductor compiled but could not cache (cold as well).
+    """
+
+    hits: int = 0
+    misses: int = 0
+    bypasses: int = 0
+
+    def __sub__(self, other: "CacheLookups") -> "CacheLookups":
+        return CacheLookups(self.hits - other.hits, self.misses - other.misses,
+                            self.bypasses - other.bypasses)
+
+    @property
+    def all_hits(self) -> bool:
+        """True when graphs were looked up and every one came from the cache (a warm
+        compile); False when any was compiled (cold) or none was looked up."""
+        return self.hits > 0 and self.misses == 0 and self.bypasses == 0
+
+
+def cache_lookups() -> CacheLookups:
+    """The FX graph cache lookups of this process so far (all zero when nothing was
+    compiled: dynamo is not even imported then, and this does not import it)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return CacheLookups()
+    c = utils.counters["inductor"]
+    return CacheLookups(int(c["fxgraph_cache_hit"]), int(c["fxgraph_cache_miss"]),
+                        int(c["fxgraph_cache_bypass"]))
 
 
 @dataclass(frozen=True, eq=False)

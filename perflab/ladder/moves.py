@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from tqdm.auto import tqdm
 
+from perflab.analysis.compile_cache import cache_lookups
 from perflab.core.config import RunConfig
 from perflab.core.measurement import compare
 from perflab.core.result import RunResult
@@ -22,7 +23,7 @@ from perflab.ladder.rungs import (
 if TYPE_CHECKING:
     from perflab.ladder.search import _Trials
 
-__all__ = ["RESCUE_FACTOR"]
+__all__ = ["RESCUE_FACTOR", "COLD_COMPILE_S", "COLD_OVER_WARM"]
 
 #: A rung measured significantly slower than this factor when added alone is not tried
 #: again, neither re-tried nor in joint moves. The rungs that interact with it
@@ -33,6 +34,21 @@ __all__ = ["RESCUE_FACTOR"]
 #: the ladder's time while every such trial was slower again. A rung slower by less is
 #: re-tried as before (a rung it interacts with may still make it pay).
 RESCUE_FACTOR = 2.0
+
+#: Seconds a graph's compile is assumed to cost before this process has measured one: a
+#: cold compile (inductor's cache empty) of ResNet-18's training step at the tiny size,
+#: 60 s in fp32 and 65 s in bf16 on a 2-core CPU shared with other jobs (load average
+#: 1.6-3.8), each in a fresh process
+#: (:func:`perflab.analysis.compile_cache.run_in_fresh_process`). Whether the cache holds
+#: a graph is known only after compiling it, so the budget assumes it does not.
+COLD_COMPILE_S = 60.0
+
+#: How many times longer inductor takes to compile a graph it has not cached (tracing,
+#: code generation, the C++/Triton compiler) than to load one from its cache (tracing and
+#: the lookup): the same runs as :data:`COLD_COMPILE_S` took 3.1 s (fp32) and 3.4 s
+#: (bf16) with the cache warm, 19x less. The budget's estimate of a graph this process
+#: has not built, when every compile it measured was a cache hit.
+COLD_OVER_WARM = 19.0
 
 
 def _change(a: RunConfig, b: RunConfig, settings: Sequence[str]) -> str:
@@ -68,7 +84,10 @@ class _Search:
         self.t0 = time.monotonic()
         self.slower: dict[str, tuple[float, int]] = {}  # rung -> (slowdown alone, trial)
         self.trial_s: list[float] = []  # wall seconds of each measured trial, compiles out
-        self.compile_s = 0.0  # the longest compile a trial measured (first-step extra)
+        # the longest compile of a graph new to this process (its first steps' extra),
+        # when inductor compiled it (a cache miss) and when it loaded it from its cache
+        self.cold_compile_s = 0.0
+        self.warm_compile_s = 0.0
         self.graphs: set[frozenset] = set()  # compiled graphs this process has built
         self.first_pass_left = len(todo)
         self.on: frozenset[str] = frozenset()
@@ -132,10 +151,17 @@ class _Search:
         self.tested.add((self.on, cand_on))
         self._show_progress(name, move, estimate)
         t_trial = time.monotonic()
+        lookups = cache_lookups()
         a, b = self.trials.measure([inc, cand])
+        lookups = cache_lookups() - lookups
         extras = [_compile_extra_s(r) for r in (a, b)]
-        self.compile_s = max([self.compile_s] + extras)
         self.trial_s.append(max(0.0, time.monotonic() - t_trial - sum(extras)))
+        new = [x for v, x in zip((inc, cand), extras)
+               if _graph(v) is not None and _graph(v) not in self.graphs]
+        if new and lookups.all_hits:   # replayed or uncounted compiles count as cold
+            self.warm_compile_s = max([self.warm_compile_s] + new)
+        elif new:
+            self.cold_compile_s = max([self.cold_compile_s] + new)
         self.graphs.update(g for g in (_graph(inc), _graph(cand)) if g is not None)
         if move == "add":
             self.first_pass_left -= 1
@@ -166,16 +192,29 @@ class _Search:
     def _estimate_s(self, cand_on: frozenset, cand: Variant) -> float:
         """Seconds the move to ``cand_on`` should take: the last trial's time without its
         compiles, the candidate half scaled by the slowdowns its new rungs showed alone,
-        plus the longest compile measured so far when the candidate needs a compiled
-        graph this process has not built (a cached graph costs nothing: dynamo reuses it
-        for a new model instance). 0 before any trial."""
+        plus :meth:`_new_graph_s` when the candidate needs a compiled graph this process
+        has not built (a built graph costs nothing: dynamo reuses it for a new model
+        instance). 0 before any trial."""
         if not self.trial_s:
             return 0.0
         half = self.trial_s[-1] / 2
         slow = math.prod(self.slower.get(r, (1.0, 0))[0] for r in cand_on - self.on)
         graph = _graph(cand)
-        compile_s = self.compile_s if graph is not None and graph not in self.graphs else 0.0
+        compile_s = self._new_graph_s() if graph is not None and graph not in self.graphs else 0.0
         return half + half * slow + compile_s
+
+    def _new_graph_s(self) -> float:
+        """The compile a graph this process has not built is expected to cost, as if
+        inductor's cache does not hold it (whether it does is known only afterwards):
+        the longest cold compile (a cache miss) measured so far; with cache hits only,
+        the longest of those times :data:`COLD_OVER_WARM` (a hit skips the work a miss
+        does: its time alone would let a cold compile run past the budget); before any
+        compile, :data:`COLD_COMPILE_S`."""
+        if self.cold_compile_s:
+            return self.cold_compile_s
+        if self.warm_compile_s:
+            return self.warm_compile_s * COLD_OVER_WARM
+        return COLD_COMPILE_S
 
     def _show_progress(self, name: str, move: str, estimate: float) -> None:
         """The bar's postfix: the move, trials left in the first pass, the estimate and

@@ -164,8 +164,10 @@ def climb(config: RunConfig | None = None, *, size: str = "quick",
         max_trials: stop searching after this many comparisons (None: no limit).
         budget_s: wall-clock bound (seconds) of the search: a move whose estimated time
             (the incumbent's measured wall time, times the measured slowdown of the rungs
-            it adds) would pass it is not measured, and the ladder's ``skipped`` names it.
-            The first trial always runs. None: no bound.
+            it adds, plus a cold compile when it needs a torch.compile graph this process
+            has not built, even where inductor's cache held the graphs compiled so far)
+            would pass it is not measured, and the ladder's ``skipped`` names it. The
+            first trial always runs. None: no bound.
 
     Returns:
         A :class:`Ladder` (its ``write_report()`` writes report.md and the plots).

@@ -15,7 +15,7 @@ from perflab.analysis.compilation import (
     time_compile,
 )
 from perflab.analysis.compile_cache import (
-    inductor_cache_dir, run_in_fresh_process, timing_from_runs,
+    CacheLookups, cache_lookups, inductor_cache_dir, run_in_fresh_process, timing_from_runs,
 )
 from perflab.core.measurement import Measurement
 from perflab.train.workloads import pointwise_chain, pointwise_inputs
@@ -203,3 +203,20 @@ def test_lab04_05_modules_import_without_side_effects():
     env = {k: v for k, v in __import__("os").environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     out = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
+
+
+def test_cache_lookups_count_inductor_hits_and_misses(monkeypatch):
+    """The FX graph cache counters, as inductor bumps them: a stretch is the difference
+    of two readings; it was warm only when every graph came from the cache."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setitem(counters, "inductor", counters["inductor"].copy())
+    before = cache_lookups()
+    counters["inductor"]["fxgraph_cache_hit"] += 2            # forward and backward loaded
+    warm = cache_lookups() - before
+    assert warm == CacheLookups(hits=2) and warm.all_hits
+    counters["inductor"]["fxgraph_cache_miss"] += 1           # one more compiled
+    mixed = cache_lookups() - before
+    assert mixed == CacheLookups(hits=2, misses=1) and not mixed.all_hits
+    assert not CacheLookups().all_hits                        # nothing looked up: not warm
+    assert not CacheLookups(hits=3, bypasses=1).all_hits

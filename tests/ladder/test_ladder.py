@@ -543,6 +543,82 @@ def test_budget_counts_the_compile_a_new_graph_needs(tmp_path, monkeypatch):
     assert "about 50 s" in lad.skipped["amp"], lad.skipped["amp"]
 
 
+class CompilingRuns(FakeRuns):
+    """Each run takes 10 s on ``clock``; a compiled graph new to the process costs
+    ``cold_s`` more in its first step when inductor compiles it (a cache miss), and
+    COLD_OVER_WARM times less when its cache holds it (a graph in ``cached``); the
+    inductor counters count the lookups as inductor does (forward and backward)."""
+
+    def __init__(self, clock: dict, cold_s: float, cached=()):
+        super().__init__()
+        self.clock, self.cold_s, self.cached = clock, cold_s, list(cached)
+        self.built: list[frozenset] = []
+
+    def __call__(self, configs, *, rounds, progress):
+        from torch._dynamo.utils import counters
+        import perflab.ladder.moves as moves
+
+        out = super().__call__(configs, rounds=rounds, progress=progress)
+        for i, c in enumerate(configs):
+            self.clock["t"] += 10.0
+            graph = features(c) - {"data_loading"}
+            if c.compile != "off" and graph not in self.built:
+                self.built.append(graph)
+                hit = graph in self.cached
+                counters["inductor"]["fxgraph_cache_hit" if hit else "fxgraph_cache_miss"] += 2
+                extra = self.cold_s / moves.COLD_OVER_WARM if hit else self.cold_s
+                self.clock["t"] += extra
+                step = out[i].step
+                slow = Measurement("step", step.times_s, (extra + step.median,),
+                                   step.samples_per_step)
+                out[i] = dataclasses.replace(out[i], phases={**out[i].phases, "step": slow})
+        return out
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """moves' clock, and inductor's counters restored after the test."""
+    import perflab.ladder.moves as moves
+    from torch._dynamo.utils import counters
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(moves.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setitem(counters, "inductor", counters["inductor"].copy())
+    return clock
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_budget_never_estimates_a_new_graph_from_a_cache_hit(tmp_path, fake_clock, cached):
+    """A cold compile takes 40 s; with ``cached`` inductor's cache holds the fp32 graph
+    (a 40 / COLD_OVER_WARM s hit). After the compile trial, amp on top needs a graph the
+    cache does not hold: estimated as a cold compile (40 s, measured or from the hit),
+    over the 80 s budget: skipped; the input pipeline reuses the graph: measured. The
+    longest compile measured as the estimate (the hit) measured amp and ended at 85 s."""
+    lad = climb(_tiny(), rungs=["compile", "amp", "data_loading"], rounds=1,
+                progress=False, out_dir=tmp_path, budget_s=80,
+                run_fn=CompilingRuns(fake_clock, 40.0, [{"compile"}] if cached else []))
+    measured = [r.name for r in lad.rungs]
+    assert measured[0] == "compile" and "data_loading" in measured, measured
+    assert "amp" not in measured and "would pass budget_s=80 s" in lad.skipped["amp"], (
+        measured, lad.skipped, fake_clock)
+    assert "about 60 s" in lad.skipped["amp"] and fake_clock["t"] <= 80
+
+
+def test_budget_assumes_a_cold_compile_before_measuring_one(tmp_path, fake_clock):
+    """No compile measured yet: the first compiled graph is estimated at COLD_COMPILE_S
+    (60 s), so after a 20 s trial a 70 s budget skips it, where an estimate without the
+    compile (20 s) measured it and ended at 80 s; with room for it, it is measured."""
+    lad = climb(_tiny(), rungs=["data_loading", "compile"], rounds=1, progress=False,
+                out_dir=tmp_path, budget_s=70, run_fn=CompilingRuns(fake_clock, 40.0))
+    assert [r.name for r in lad.rungs] == ["data_loading"] and fake_clock["t"] <= 70
+    assert "about 80 s would pass budget_s=70 s" in lad.skipped["compile"], lad.skipped
+    fake_clock["t"] = 0.0
+    lad = climb(_tiny(), rungs=["data_loading", "compile"], rounds=1, progress=False,
+                out_dir=tmp_path / "roomy", budget_s=100,
+                run_fn=CompilingRuns(fake_clock, 40.0))
+    assert [r.name for r in lad.rungs][:2] == ["data_loading", "compile"]
+
+
 def test_cli_ladder_budget_defaults_per_size(tmp_path, capsys, monkeypatch):
     """`perflab ladder` bounds each size by BUDGET_S unless told; 0 lifts the bound; a
     negative budget is refused before any work."""
