@@ -8,8 +8,11 @@ On a machine with a CUDA GPU this runs, part by part (``--part``, or ``PART=`` t
 - ``benchmarks``: the benchmark scripts (each prints its ratios side by side);
 - ``figures``: the GPU figures: ResNet-18 step time from CUDA events (median, 95 % CI,
   samples/s), fp16 + GradScaler loss parity against fp32, pinned vs pageable host-to-
-  device copy bandwidth, NCCL process-group start-up on 1 GPU, and MFU against the
-  datasheet peak (its source printed);
+  device copy bandwidth, NCCL process-group start-up on 1 GPU, MFU against the
+  datasheet peak (its source printed), and, where two or more GPUs exist, Lab 06's
+  all-reduce benchmark (the reference ``allreduce_student.py`` of
+  ``solutions/06_ddp_overlap.ipynb``) on NCCL with ``NCCL_ALGO`` Ring vs Tree and
+  ``NCCL_PROTO`` Simple vs LL128 (nccl-tests' algbw and busbw per size);
 
 and writes ``<results>/gpu-check/report.json`` and ``report.md`` (atomically; a part run
 later replaces only its own section, so the parts can run on separate borrowed machines or
@@ -178,12 +181,52 @@ def gpu_figures() -> dict:
         res["how"] = "count_flops (FlopCounterMode) model FLOPs / median step / datasheet peak"
         return res
 
+    def nccl_algorithms():
+        n = torch.cuda.device_count()
+        if n < 2:
+            return {"skipped": f"comparing NCCL algorithms needs 2 GPUs; torch.cuda.device_count() "
+                               f"is {n}"}
+        import importlib
+        import tempfile
+
+        import nbformat
+
+        from perflab.distributed import launch_fn
+        nb = nbformat.read(ROOT / "solutions" / "06_ddp_overlap.ipynb", 4)
+        src = next(c.source for c in nb.cells
+                   if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "allreduce_file")
+        folder = tempfile.mkdtemp(prefix="gpu-check-")
+        Path(folder, "gpu_check_allreduce.py").write_text(src.split("\n", 1)[1])
+        sys.path.insert(0, folder)
+        bench = importlib.import_module("gpu_check_allreduce").allreduce_benchmark
+        sizes = [2 ** k for k in range(10, 29, 3)]
+        res, saved = {"ranks": n, "sizes_bytes": sizes}, {k: os.environ.get(k) for k in ("NCCL_ALGO", "NCCL_PROTO")}
+        try:
+            for algo in ("Ring", "Tree"):
+                for proto in ("Simple", "LL128"):
+                    os.environ.update(NCCL_ALGO=algo, NCCL_PROTO=proto)   # read by NCCL at init
+                    rows = launch_fn(bench, n, args=(sizes, 20, 5), device="cuda", timeout_s=300)
+                    slowest = [max(r[i][1] for r in rows) for i in range(len(sizes))]
+                    res[f"{algo}/{proto}"] = {
+                        "time_us": [t * 1e6 for t in slowest],
+                        "busbw_GBps": [s / t * 2 * (n - 1) / n / 1e9 for s, t in zip(sizes, slowest)]}
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        res["how"] = ("Lab 06's reference allreduce_benchmark (warm-up 5, barrier, 20 timed, "
+                      "synchronize), the slowest rank's time; busbw = size / time x 2(n-1)/n")
+        return res
+
     figure("step_time", step_time)
     if "fp32" in runs:
         figure("fp16_gradscaler_parity", fp16_parity)
         figure("datasheet_mfu", datasheet_mfu)
     figure("pinned_copy_bandwidth", copy_bandwidth)
     figure("nccl_1gpu_init", nccl_init)
+    figure("nccl_allreduce_algorithms", nccl_algorithms)
     return out
 
 

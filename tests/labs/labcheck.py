@@ -112,7 +112,8 @@ def grade_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str, new: str,
 
 
 def notebook_points(lab_path: Path) -> int:
-    """The points of every graded cell of the notebook (nbgrader metadata)."""
+    """The points of the notebook's autograded checks (graded code cells, nbgrader
+    metadata); the written answers' points are the instructor's, not grading's."""
     nb = nbformat.read(str(lab_path), as_version=4)
     return sum(c.metadata["nbgrader"].get("points", 0) for c in nb.cells
-               if c.metadata.get("nbgrader", {}).get("grade"))
+               if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade"))

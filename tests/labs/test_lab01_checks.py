@@ -334,6 +334,73 @@ def my_cprofile(dataset, n):
     return pstats.Stats(prof)''' + _SLOWEST.replace("ticks * stats.unit", "ticks * stats.unit / 1e3"),
 }
 
+_IDLE_HEAD = """
+def my_stream_idle(events, delay_us=30.0):
+    launch_ts = (events[~events.on_device & (events.correlation != -1)]
+                 .drop_duplicates("correlation", keep="last").set_index("correlation").ts)
+    rows = {}
+"""
+WRONG_IDLE = {
+    # the gaps between kernels of different streams, not per stream
+    "one timeline for all streams": _IDLE_HEAD + """    k = events[events.kernel & (events.stream >= 0)].sort_values("ts", kind="stable")
+    prev_end = k.end.shift(1)
+    gap = (k.ts - prev_end)
+    host = k.correlation.map(launch_ts) > prev_end
+    for stream in sorted(k.stream.unique()):
+        on = (k.stream == stream)
+        g, h = gap[on].fillna(0), host[on]
+        rows[stream] = {"kernels": int(on.sum()), "busy_us": float((k.end - k.ts)[on].sum()),
+                        "host_wait_us": float(g[h].sum()), "kernel_wait_us": float(g[~h & (g < delay_us)].sum()),
+                        "other_us": float(g[~h & (g >= delay_us)].sum())}
+    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
+    # the kernel's own start instead of its launch: every gap looks like a host wait or none
+    "host wait from the kernel's start": _IDLE_HEAD + """    for stream, k in events[events.kernel & (events.stream >= 0)].groupby("stream"):
+        k = k.sort_values("ts")
+        prev_end = k.end.shift(1)
+        gap = (k.ts - prev_end).iloc[1:]
+        host = (k.ts > prev_end).iloc[1:]
+        short = gap < delay_us
+        rows[stream] = {"kernels": len(k), "busy_us": float((k.end - k.ts).sum()),
+                        "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[~host & short].sum()),
+                        "other_us": float(gap[~host & ~short].sum())}
+    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
+    # HTA's default threshold whatever delay_us says
+    "always 30 us": _IDLE_HEAD + """    for stream, k in events[events.kernel & (events.stream >= 0)].groupby("stream"):
+        k = k.sort_values("ts")
+        prev_end = k.end.shift(1)
+        gap = (k.ts - prev_end).iloc[1:]
+        host = (k.correlation.map(launch_ts) > prev_end).iloc[1:]
+        short = gap < 30.0
+        rows[stream] = {"kernels": len(k), "busy_us": float((k.end - k.ts).sum()),
+                        "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[~host & short].sum()),
+                        "other_us": float(gap[~host & ~short].sum())}
+    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
+    # busy as the span from the first kernel to the last
+    "busy is the span": _IDLE_HEAD + """    for stream, k in events[events.kernel & (events.stream >= 0)].groupby("stream"):
+        k = k.sort_values("ts")
+        prev_end = k.end.shift(1)
+        gap = (k.ts - prev_end).iloc[1:]
+        host = (k.correlation.map(launch_ts) > prev_end).iloc[1:]
+        short = gap < delay_us
+        rows[stream] = {"kernels": len(k), "busy_us": float(k.end.max() - k.ts.min()),
+                        "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[~host & short].sum()),
+                        "other_us": float(gap[~host & ~short].sum())}
+    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
+    "delegates to perflab's idle_time_breakdown": """
+def my_stream_idle(events, delay_us=30.0):
+    from perflab.analysis.trace import RankTrace
+    from perflab.analysis.trace_analysis import idle_time_breakdown
+    ev = events.assign(step=False)
+    rt = RankTrace(rank=0, events=ev, on_gpu=True, trace={}, path=None)
+    long = idle_time_breakdown({0: rt}, by_stream=True, consecutive_kernel_delay_us=delay_us)
+    wide = long.pivot_table(index="stream", columns="idle_category", values="idle_us", aggfunc="sum").fillna(0.0)
+    k = events[events.kernel & (events.stream >= 0)]
+    out = pd.DataFrame({"kernels": k.groupby("stream").size(), "busy_us": (k.end - k.ts).groupby(k.stream).sum()})
+    for c in ("host_wait", "kernel_wait", "other"):
+        out[c + "_us"] = wide[c] if c in wide else 0.0
+    return out.fillna(0.0)""",
+}
+
 #: One honest answer per exercise, written differently from the reference: it passes.
 HONEST = {
     "my_step_timer": ("one clock read per boundary", '''
@@ -419,6 +486,31 @@ def my_slowest_line(dataset, n):
             for r in entries]
     best = max(rows, key=lambda r: r[2])
     return best[0], best[2] * stats.unit'''),
+    "my_stream_idle": ("plain Python over the rows", '''
+def my_stream_idle(events, delay_us=30.0):
+    launches = {}
+    for r in events.itertuples():
+        if not r.on_device and r.correlation != -1:
+            launches[r.correlation] = r.ts
+    streams = {}
+    for r in sorted(events.itertuples(), key=lambda r: r.ts):
+        if r.kernel and r.stream >= 0:
+            streams.setdefault(r.stream, []).append(r)
+    table = []
+    for s in sorted(streams):
+        ks = streams[s]
+        acc = {"stream": s, "kernels": len(ks), "busy_us": sum(k.end - k.ts for k in ks),
+               "host_wait_us": 0.0, "kernel_wait_us": 0.0, "other_us": 0.0}
+        for before, k in zip(ks, ks[1:]):
+            gap = k.ts - before.end
+            if launches.get(k.correlation, float("-inf")) > before.end:
+                acc["host_wait_us"] += gap
+            elif gap < delay_us:
+                acc["kernel_wait_us"] += gap
+            else:
+                acc["other_us"] += gap
+        table.append(acc)
+    return pd.DataFrame(table).set_index("stream")'''),
 }
 
 CASES = [("my_step_timer", "check_step_timer", WRONG_TIMERS),
@@ -426,7 +518,8 @@ CASES = [("my_step_timer", "check_step_timer", WRONG_TIMERS),
          ("my_profiler_session", "check_profiler_trace", WRONG_SESSIONS),
          ("my_top_ops", "check_top_ops", WRONG_TOPS),
          ("my_no_sync_loop", "check_no_hidden_sync", WRONG_LOOPS),
-         ("my_pipeline_profile", "check_pipeline_profile", WRONG_PIPELINES)]
+         ("my_pipeline_profile", "check_pipeline_profile", WRONG_PIPELINES),
+         ("my_stream_idle", "check_stream_idle", WRONG_IDLE)]
 
 #: The checks whose wrong answers run here (tests/labs/test_grading_checks.py reads it).
 CHECKS_TESTED = [c for _, c, _ in CASES]
@@ -470,7 +563,7 @@ def test_wrong_answer_fails(ns, check, name, code):
     v = _verdict(_scope(ns, check), code, check)
     assert not v.passed, f"{name!r} passed {check}"
     if name.startswith("delegates to"):
-        assert "the graded call ran perflab's" in v.message, v.message
+        assert "the graded call ran perflab" in v.message, v.message
     else:
         assert v.message.startswith("hidden case"), v.message
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, grade_reference_and_wrong
+from tests.labs.labcheck import Lab, grade_wrong, notebook_points
 from perflab.course.checks import split_check
 from perflab.labs.lab06.checks import GRAD_ATOL, GRAD_RTOL, compare_rank, edge_mlp
 from perflab.analysis.collectives import recorded_allreduce_sweep
@@ -32,7 +32,8 @@ LAB = Lab("06")
 CHECK_SIZES, CHECK_CAP_MB, CHECK_STEPS = [16, 32, 32, 8], 1184 / 2**20, 3
 
 GRADED_TESTED = ("check_fit_alpha_beta", "check_per_param", "check_my_ddp",
-                 "check_fp16_hook", "check_overlap_efficiency")
+                 "check_fp16_hook", "check_overlap_efficiency", "check_bus_bandwidth",
+                 "check_allreduce_benchmark", "check_comm_overlap")
 
 
 def _fails_on_a_hidden_case(verdict) -> bool:
@@ -159,6 +160,252 @@ def test_wrong_overlap_fails(name):
 def test_overlap_delegating_to_perflab_fails():
     verdict = LAB.verdict({"__name__": "__main__"}, DELEGATES_OVERLAP, "check_overlap_efficiency")
     assert not verdict.passed and "overlap_efficiency" in verdict.message, verdict
+
+
+# -- bus bandwidth (Exercise 6) ---------------------------------------------------------------------
+_BW = LAB.solution("my_bus_bandwidth")
+WRONG_BW = {
+    # nccl-tests' factor with n where n - 1 belongs: 2 for every rank count
+    "2n/n": _BW.replace("2 * (world_size - 1) / world_size", "2 * world_size / world_size"),
+    # (n - 1)/n: the reduce-scatter alone
+    "(n-1)/n": _BW.replace("2 * (world_size - 1) / world_size", "(world_size - 1) / world_size"),
+    # GiB/s for the bus bandwidth
+    "GiB": _BW.replace("return algbw, algbw * 2", "return algbw, algbw / 1.073741824 * 2"),
+    # the example's row typed in
+    "examples_only": ("def my_bus_bandwidth(n, t, p):\n"
+                      "    return np.array([247.94e9]), np.array([433.90e9])\n"),
+}
+HONEST_BW = ("def my_bus_bandwidth(size_bytes, time_s, world_size):\n"
+             "    alg = [float(n) / float(t) for n, t in zip(np.ravel(size_bytes), np.ravel(time_s))]\n"
+             "    factor = 2.0 * (world_size - 1) / world_size\n"
+             "    return alg, [a * factor for a in alg]\n")
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_bus_bandwidth_reference_passes_at_any_seed(lab_ns, seed):
+    scope = dict(lab_ns)
+    LAB.run_code(scope, _BW)
+    verdict = LAB.judge(scope, "check_bus_bandwidth", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_bus_bandwidth_honest_variant_passes(lab_ns):
+    assert LAB.verdict(dict(lab_ns), HONEST_BW, "check_bus_bandwidth").passed
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_BW))
+def test_wrong_bus_bandwidth_fails(lab_ns, name):
+    assert WRONG_BW[name] != _BW
+    verdict = LAB.verdict(dict(lab_ns), WRONG_BW[name], "check_bus_bandwidth")
+    assert _fails_on_a_hidden_case(verdict), (name, verdict)
+
+
+def test_bus_bandwidth_delegating_to_perflab_fails(lab_ns):
+    code = ("from perflab.analysis.collectives import algbw_bytes_per_s, busbw_bytes_per_s\n"
+            "def my_bus_bandwidth(n, t, p):\n"
+            "    alg = [algbw_bytes_per_s(float(a), float(b)) for a, b in zip(n, t)]\n"
+            "    return alg, [busbw_bytes_per_s(float(a), float(b), p) for a, b in zip(n, t)]\n")
+    verdict = LAB.verdict(dict(lab_ns), code, "check_bus_bandwidth")
+    assert not verdict.passed and "bytes_per_s" in verdict.message, verdict
+
+
+def test_reference_bandwidths_equal_what_nccl_tests_printed():
+    """The definitions the judge uses reproduce every shipped table's printed algbw and
+    busbw (two decimals of GB/s, from a time printed to four or five digits)."""
+    from perflab.analysis.recordings import nccl_table_names, read_nccl_tests
+    scope = {"np": np}
+    LAB.run_code(scope, _BW)
+    for name in nccl_table_names():
+        t = read_nccl_tests(name)
+        alg, bus = scope["my_bus_bandwidth"](t.size_bytes.to_numpy(), t.time_us.to_numpy() * 1e-6,
+                                             t.attrs["nranks"])
+        tol = 0.005 + 1e-3 * t.algbw_GBps   # the printed rounding, and the time's own
+        assert (abs(np.asarray(alg) / 1e9 - t.algbw_GBps) <= tol).all(), name
+        assert (abs(np.asarray(bus) / 1e9 - t.busbw_GBps) <= 2 * tol).all(), name
+
+
+def test_students_benchmark_file_runs_on_two_ranks(tmp_path, monkeypatch):
+    """The reference allreduce_benchmark on 2 gloo ranks: one [size, seconds] row per size,
+    every time positive, on both ranks (the lab launches it once; it is not graded)."""
+    src = LAB.solution("allreduce_file").split("\n", 1)[1]
+    (tmp_path / "bench_ref_student.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import importlib
+    mod = importlib.import_module("bench_ref_student")
+    out = launch_fn(mod.allreduce_benchmark, 2, args=([16, 4096, 2**18], 3, 1), device="cpu",
+                    timeout_s=120)
+    assert len(out) == 2
+    for rows in out:
+        assert [n for n, _ in rows] == [16, 4096, 2**18]
+        assert all(t > 0 for _, t in rows)
+
+
+# -- the benchmark's calls (Exercise 6) ----------------------------------------------------------------
+_BENCH = LAB.solution("allreduce_file").split("\n", 1)[1]
+WRONG_BENCH = {
+    "no warm-up": _BENCH.replace("        for _ in range(warmup):\n            dist.all_reduce(x)\n", ""),
+    "no barrier": _BENCH.replace("        dist.barrier()\n", ""),
+    "barrier before the warm-up": _BENCH.replace(
+        "        for _ in range(warmup):\n            dist.all_reduce(x)\n        if cuda:\n            torch.cuda.synchronize()\n        dist.barrier()\n",
+        "        dist.barrier()\n        for _ in range(warmup):\n            dist.all_reduce(x)\n        if cuda:\n            torch.cuda.synchronize()\n"),
+    "n elements, not n bytes": _BENCH.replace("max(1, int(n) // 4)", "max(1, int(n))"),
+    "one timed call too few": _BENCH.replace("        for _ in range(iters):\n", "        for _ in range(iters - 1):\n"),
+    "float64 tensor": _BENCH.replace("dtype=torch.float32", "dtype=torch.float64"),
+}
+HONEST_BENCH = """
+import time
+import torch
+import torch.distributed as dist
+
+
+def allreduce_benchmark(sizes_bytes, iters=10, warmup=3):
+    results = []
+    for size in sizes_bytes:
+        buf = torch.empty(size // 4).fill_(1.0)
+        [dist.all_reduce(buf) for _ in range(warmup)]
+        dist.barrier()
+        marks = [time.perf_counter()]
+        for _ in range(iters):
+            dist.all_reduce(buf)
+            marks.append(time.perf_counter())
+        dist.barrier()                       # a second barrier after timing: harmless
+        results.append([size, (marks[-1] - marks[0]) / iters])
+    return results
+"""
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A 1-rank gloo group in this process: the benchmark's calls are recorded as on a rank."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _bench_verdict(lab_ns, tmp_path, monkeypatch, code):
+    import sys
+    (tmp_path / "allreduce_student.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "allreduce_student", raising=False)
+    scope = dict(lab_ns)
+    # the ranks of a launch, run here one after the other on the 1-rank group
+    scope["launch_fn"] = lambda fn, world_size, args=(), **kw: [fn(*args) for _ in range(world_size)]
+    from perflab.labs.lab06.ranks import benchmark_rank
+    scope.update(benchmark_rank=benchmark_rank, WORLD_SIZE=2)
+    return LAB.judge(scope, "check_allreduce_benchmark", seed=3)
+
+
+@pytest.mark.parametrize("name, passes", [("reference", True), ("honest", True)]
+                         + [(n, False) for n in sorted(WRONG_BENCH)])
+def test_benchmark_calls_judged(lab_ns, tmp_path, monkeypatch, one_rank_group, name, passes):
+    code = {"reference": _BENCH, "honest": HONEST_BENCH}.get(name) or WRONG_BENCH[name]
+    assert name in ("reference", "honest") or code != _BENCH, name
+    v = _bench_verdict(lab_ns, tmp_path, monkeypatch, code)
+    assert v.passed == passes, (name, v.message)
+    if not passes:
+        assert v.message.startswith("hidden case"), v.message
+
+
+# -- overlap on the real trace (Exercise 7) ----------------------------------------------------------
+_OV = LAB.solution("my_comm_overlap")
+WRONG_COMM_OVERLAP = {
+    # memory copies counted as computation
+    "memcpy is compute": _OV.replace("k = merged(zip(dev.ts[~comm & ~memory], dev.end[~comm & ~memory]))",
+                                     "k = merged(zip(dev.ts[~comm], dev.end[~comm]))"),
+    # no communication: 0 % instead of undefined
+    "0 % without communication": _OV.replace('100 * overlap / comm_us if comm_us > 0 else float("nan")',
+                                             '100 * overlap / comm_us if comm_us > 0 else 0.0'),
+    # the share of the step, not of the communication
+    "share of the span": _OV.replace("\"overlap_pct\": 100 * overlap / comm_us",
+                                     "\"overlap_pct\": 100 * overlap / float(dev.end.max() - dev.ts.min())"),
+}
+#: Wrong on the example already (the self-check stops them; the real trace's NCCL kernels
+#: never overlap each other, nor its computation kernels during communication).
+SELF_CHECK_WRONG_OVERLAP = {
+    # durations summed: two NCCL kernels at once (two streams) counted twice
+    "summed communication": _OV.replace("comm_us = float(sum(e - s for s, e in c))",
+                                        "comm_us = float((dev.end - dev.ts)[comm].sum())"),
+    # computation intervals of two streams not merged: their common time counted twice
+    "pairwise, not merged": _OV.replace("k = merged(zip(dev.ts[~comm & ~memory], dev.end[~comm & ~memory]))",
+                                        "k = sorted([list(x) for x in zip(dev.ts[~comm & ~memory], dev.end[~comm & ~memory])])"),
+}
+DELEGATES_COMM_OVERLAP = """
+def my_comm_overlap(events):
+    from perflab.analysis.trace import RankTrace
+    from perflab.analysis.trace_analysis import comm_comp_overlap
+    rt = RankTrace(rank=0, events=events.assign(step=False), on_gpu=True, trace={}, path=None)
+    row = comm_comp_overlap({0: rt}).iloc[0]
+    return {k: float(row[k]) for k in ("comm_us", "overlap_us", "overlap_pct")}
+"""
+HONEST_COMM_OVERLAP = """
+def my_comm_overlap(events):
+    # a sweep over boundaries: +1/-1 counters for communication and computation
+    dev = events[events.stream >= 0]
+    points = []
+    for r in dev.itertuples():
+        kind = ("comm" if r.name.startswith("nccl") or "ncclKernel" in r.name else
+                None if r.name.startswith(("Memcpy", "Memset")) else "comp")
+        if kind:
+            points += [(r.ts, kind, 1), (r.end, kind, -1)]
+    points.sort(key=lambda p: p[0])
+    live = {"comm": 0, "comp": 0}
+    comm = both = 0.0
+    last = None
+    for t, kind, d in points:
+        if last is not None:
+            comm += (t - last) * (live["comm"] > 0)
+            both += (t - last) * (live["comm"] > 0 and live["comp"] > 0)
+        live[kind] += d
+        last = t
+    return {"comm_us": comm, "overlap_us": both,
+            "overlap_pct": 100 * both / comm if comm else float("nan")}
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_comm_overlap_reference_passes_at_any_seed(lab_ns, seed):
+    scope = dict(lab_ns)
+    LAB.run_code(scope, _OV)
+    verdict = LAB.judge(scope, "check_comm_overlap", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_comm_overlap_honest_variant_passes(lab_ns):
+    v = LAB.verdict(dict(lab_ns), HONEST_COMM_OVERLAP, "check_comm_overlap")
+    assert v.passed, v.message
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_COMM_OVERLAP))
+def test_wrong_comm_overlap_fails(lab_ns, name):
+    assert WRONG_COMM_OVERLAP[name] != _OV
+    verdict = LAB.verdict(dict(lab_ns), WRONG_COMM_OVERLAP[name], "check_comm_overlap")
+    assert _fails_on_a_hidden_case(verdict), (name, verdict)
+
+
+@pytest.mark.parametrize("name", sorted(SELF_CHECK_WRONG_OVERLAP))
+def test_comm_overlap_self_check_stops(lab_ns, name):
+    scope = dict(lab_ns)
+    LAB.run_code(scope, SELF_CHECK_WRONG_OVERLAP[name])
+    with pytest.raises(AssertionError, match="the example's is"):
+        LAB.run_code(scope, split_check(LAB.cells["check_comm_overlap"]).probe)
+
+
+def test_comm_overlap_hidden_cases_include_a_window_without_communication():
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+    cases_fn, _ = graded_functions(split_check(LAB.cells["check_comm_overlap"]).graded,
+                                   "check_comm_overlap")
+    for seed in (0, "grade:ada"):
+        drawn = draw_cases(cases_fn, seed)
+        comm = [any(r[0].startswith("nccl") and r[4] >= 0 for r in c["events"]) for c in drawn]
+        assert comm[:2] == [True, True] and comm[2:] == [False], comm
+
+
+def test_comm_overlap_delegating_to_perflab_fails(lab_ns):
+    verdict = LAB.verdict(dict(lab_ns), DELEGATES_COMM_OVERLAP, "check_comm_overlap")
+    assert not verdict.passed and "comm_comp_overlap" in verdict.message, verdict
 
 
 # -- the data-parallel file, on 2 gloo ranks ------------------------------------------------------
@@ -645,11 +892,10 @@ def test_wrapper_table_rows_and_its_error():
 @slow
 def test_lab06_graded_in_the_sandbox(tmp_path):
     """The real Lab 06 graded as a submission: the %%writefile answer is written in the
-    sandbox's scratch folder and imported by the spawned ranks; the reference gets full
-    marks, a MyDDP that closes buckets only strictly over the cap loses check_my_ddp only."""
-    g, wrong = grade_reference_and_wrong(LAB.path, tmp_path, "ddp_file", "if size >= cap:",
+    sandbox's scratch folder and imported by the spawned ranks; every other answer
+    is the reference's and passes; a MyDDP that closes buckets only strictly over the cap loses check_my_ddp only."""
+    g, wrong = grade_wrong(LAB.path, tmp_path, "ddp_file", "if size >= cap:",
                                          "if size > cap:")
-    assert g.points == g.max_points > 0, [(c.grade_id, c.message) for c in g.checks
-                                          if c.status != "passed"]
+    assert g.max_points == notebook_points(LAB.path) > 0
     assert wrong["check_my_ddp"].status == "failed" and wrong["check_my_ddp"].points == 0
     assert all(c.status == "passed" for gid, c in wrong.items() if gid != "check_my_ddp")

@@ -12,4 +12,7 @@ the reference that judges it.
   FSDP variant of Lab 09 must equal.
 * :mod:`perflab.course.references.lab10`: the unsharded tensor-parallel block and the
   unsplit pipeline's loss.
+* :mod:`perflab.course.references.traces`: hidden windows of the real GPU traces in
+  ``perflab/recordings/gpu`` (perturbed by the grader) and HTA's idle, temporal and
+  overlap analyses of them (Labs 01, 08 and 06).
 """

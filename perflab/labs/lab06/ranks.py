@@ -27,7 +27,7 @@ from perflab.analysis.overlap import ideal_step_s, overlap_efficiency
 from perflab.models import mlp, mlp_batches
 from perflab.core.timing import PerfCounterClock
 
-__all__ = ["measure_rank", "lab06_rank", "wrapper_table", "WRAPPERS", "HOOKS"]
+__all__ = ["measure_rank", "lab06_rank", "benchmark_rank", "wrapper_table", "WRAPPERS", "HOOKS"]
 
 #: The data-parallel variants timed on the link, in the order the lab shows them.
 WRAPPERS = ("compute only", "per-parameter allreduce (yours)", "bucketed MyDDP (yours)",
@@ -216,6 +216,48 @@ def lab06_rank(student_module: str, check_args: Sequence[Any], measure_args: Seq
     return {"check": compare_rank(student_module, *check_args),
             "more_checks": [compare_rank(student_module, *args) for args in more_checks],
             "measure": measure_rank(student_module, *measure_args)}
+
+
+def benchmark_rank(student_module: str, sizes_bytes: Sequence[int], iters: int,
+                   warmup: int) -> dict[str, Any]:
+    """Rank body of Lab 06's all-reduce benchmark: the student's
+    ``allreduce_benchmark(sizes_bytes, iters, warmup)`` with every ``dist.all_reduce`` and
+    ``dist.barrier`` it makes recorded, in order (a wrapper on the ``torch.distributed``
+    module attributes, so calls written ``dist.all_reduce(...)`` are seen; the collectives
+    still run).
+
+    Args:
+        student_module: the module the lab wrote, imported on this rank.
+        sizes_bytes: message sizes (bytes; a float32 tensor of ``n // 4`` elements each).
+        iters, warmup: timed and untimed all-reduces per size.
+
+    Returns:
+        ``{"rows": [[size_bytes, seconds per all-reduce], ...] as the student's function
+        returned them, "calls": [["all_reduce", numel, dtype] or ["barrier", 0, ""], ...]}``.
+
+    Raises:
+        whatever the student's function raises.
+    """
+    import torch.distributed as dist
+
+    student = importlib.import_module(student_module)
+    calls: list[list[Any]] = []
+    real_all_reduce, real_barrier = dist.all_reduce, dist.barrier
+
+    def all_reduce(tensor, *args, **kwargs):
+        calls.append(["all_reduce", int(tensor.numel()), str(tensor.dtype).removeprefix("torch.")])
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    def barrier(*args, **kwargs):
+        calls.append(["barrier", 0, ""])
+        return real_barrier(*args, **kwargs)
+
+    dist.all_reduce, dist.barrier = all_reduce, barrier
+    try:
+        rows = student.allreduce_benchmark(list(sizes_bytes), iters, warmup)
+    finally:
+        dist.all_reduce, dist.barrier = real_all_reduce, real_barrier
+    return {"rows": [[int(n), float(t)] for n, t in rows], "calls": calls}
 
 
 def wrapper_table(measured: Sequence[dict[str, Any]], link: SimulatedLink) -> pd.DataFrame:

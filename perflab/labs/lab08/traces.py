@@ -1,9 +1,10 @@
 """Lab 08: the rows the roofline and memory exercises read from a ``torch.profiler``
 recording of one training step.
 
-* :func:`op_rows`: the step's operators from ``prof.key_averages(group_by_input_shape=
+* :func:`op_rows`: the step's slowest operators of each kind (matmul, convolution,
+  elementwise, softmax, normalization) from ``prof.key_averages(group_by_input_shape=
   True)`` (needs ``record_shapes=True``) whose names are in the exercise's op list, with
-  their input shapes, calls and self time;
+  their input shapes, calls and time;
 * :func:`memory_events`: the profiler's memory timeline (``profile_memory=True``,
   ``record_shapes=True``, ``with_stack=True``) as ``(time_us, category, delta_bytes,
   alloc_id)`` rows, the documented format of the memory exercise. The categories are
@@ -22,33 +23,41 @@ from typing import Any
 
 import torch
 
-__all__ = ["ROOFLINE_OPS", "op_rows", "memory_events"]
+__all__ = ["ROOFLINE_OPS", "OP_KINDS", "op_rows", "memory_events"]
 
 #: The operators the roofline exercise places (aten names without ``aten::``).
 ROOFLINE_OPS = ("mm", "addmm", "bmm", "convolution", "relu", "gelu", "add", "mul",
                 "layer_norm", "softmax")
+#: The kind of each operator of :data:`ROOFLINE_OPS`: :func:`op_rows` keeps the slowest
+#: of each kind, so operators of low arithmetic intensity (elementwise, softmax,
+#: normalization) are placed on any machine, not only the matmuls that dominate a CPU.
+OP_KINDS = {"mm": "matmul", "addmm": "matmul", "bmm": "matmul", "convolution": "convolution",
+            "relu": "elementwise", "gelu": "elementwise", "add": "elementwise",
+            "mul": "elementwise", "softmax": "softmax", "layer_norm": "normalization"}
 
 
-def op_rows(prof: Any, *, top: int = 8, device_time: bool = False) -> list[dict]:
-    """The ``top`` operator/shape groups of :data:`ROOFLINE_OPS` by total time.
+def op_rows(prof: Any, *, per_kind: int = 2, device_time: bool = False) -> list[dict]:
+    """The slowest operator/shape groups of :data:`ROOFLINE_OPS` of each kind
+    (:data:`OP_KINDS`: matmul, convolution, elementwise, softmax, normalization).
 
     Args:
         prof: a finished ``torch.profiler.profile`` run with ``record_shapes=True``.
-        top: how many rows (>= 1).
+        per_kind: how many rows of each kind present in the recording (>= 1).
         device_time: rank and time by ``device_time_total`` (a CUDA step) instead of
             ``cpu_time_total``.
 
     Returns:
-        Dicts with ``op`` (e.g. "addmm"), ``shapes`` (the recorded input shapes, a list
-        of lists of ints; ``[]`` for a non-tensor argument), ``calls`` and ``time_us``
-        (microseconds, all calls together, the operator's children included: aten's
-        ``layer_norm`` does its work in ``native_layer_norm``).
+        Dicts with ``op`` (e.g. "addmm"), ``kind`` (its :data:`OP_KINDS` entry),
+        ``shapes`` (the recorded input shapes, a list of lists of ints; ``[]`` for a
+        non-tensor argument), ``calls`` and ``time_us`` (microseconds, all calls
+        together, the operator's children included: aten's ``layer_norm`` does its work
+        in ``native_layer_norm``), slowest first.
 
     Raises:
-        ValueError: ``top`` < 1.
+        ValueError: ``per_kind`` < 1.
     """
-    if top < 1:
-        raise ValueError(f"top must be >= 1, got {top}")
+    if per_kind < 1:
+        raise ValueError(f"per_kind must be >= 1, got {per_kind}")
     rows = []
     for evt in prof.key_averages(group_by_input_shape=True):
         name = evt.key.removeprefix("aten::")
@@ -58,10 +67,16 @@ def op_rows(prof: Any, *, top: int = 8, device_time: bool = False) -> list[dict]
         if t <= 0:
             continue
         shapes = [list(s) if isinstance(s, (list, tuple)) else [] for s in evt.input_shapes]
-        rows.append({"op": name, "shapes": shapes, "calls": int(evt.count),
-                     "time_us": float(t)})
+        rows.append({"op": name, "kind": OP_KINDS[name], "shapes": shapes,
+                     "calls": int(evt.count), "time_us": float(t)})
     rows.sort(key=lambda r: -r["time_us"])
-    return rows[:top]
+    taken: dict[str, int] = {}
+    kept = []
+    for r in rows:
+        if taken.get(r["kind"], 0) < per_kind:
+            taken[r["kind"]] = taken.get(r["kind"], 0) + 1
+            kept.append(r)
+    return kept
 
 
 def memory_events(prof: Any, device: str | torch.device = "cpu") -> list[tuple]:
