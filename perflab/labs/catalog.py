@@ -49,8 +49,8 @@ START_HERE = Lab("00", "Start here", "What is this course, how do checks and gra
 
 #: The labs, in order.
 LABS: tuple[Lab, ...] = (
-    Lab("01", "Profile ResNet-18", "Where does a training step's time go, and how do you "
-        "time it correctly?", "01_profile_resnet18.ipynb"),
+    Lab("01", "Profile ResNet-18", "Where does a training step's time go, how do you "
+        "time it correctly, and why does a real GPU step sit idle?", "01_profile_resnet18.ipynb"),
     Lab("02", "Fix data loading", "Is the model starved by its input pipeline?",
         "02_fix_data_loading.ipynb"),
     Lab("03", "Mixed precision", "What do autocast and GradScaler buy, and what do they "
@@ -59,12 +59,14 @@ LABS: tuple[Lab, ...] = (
         "04_activation_checkpointing.ipynb"),
     Lab("05", "torch.compile", "Graph breaks, recompiles, fused kernels: when does compiling pay?",
         "05_torch_compile.ipynb"),
-    Lab("06", "DDP overlap", "Your own bucketed DDP: allreduce overlapped with backward",
+    Lab("06", "DDP overlap", "Your own bucketed DDP: allreduce overlapped with backward; "
+        "your all-reduce benchmark beside real NCCL tables and a real NCCL trace",
         "06_ddp_overlap.ipynb"),
     Lab("07", "Stragglers", "Name the slow rank while training, then rebalance it",
         "07_stragglers.ipynb"),
     Lab("08", "Capstone", "Make a naive ResNet-18 and GPT script fast yourself: an ablation "
-        "with tests, analytic FLOPs, MFU/HFU, the roofline, the memory peak", "08_capstone.ipynb"),
+        "with tests, analytic FLOPs, MFU/HFU, the roofline, the memory peak, HTA's breakdown "
+        "beside real GPU traces", "08_capstone.ipynb"),
     Lab("09", "Sharding and scaling", "What ZeRO-1, your ZeRO-2, your FSDP written by hand and "
         "your FSDP2 configuration save per rank, what they move, and how throughput scales "
         "with ranks",
