@@ -672,6 +672,25 @@ def test_pp_rank_rejects_a_run_with_more_stages_than_ranks(monkeypatch):
         pp_rank([{"schedule": "gpipe", "m": 4, "stages": 4}])
 
 
+def test_waited_awaits_an_async_collective_tensor_and_returns_others():
+    from perflab.labs.lab10.ranks import _waited
+
+    class Async:
+        def wait(self):
+            return "waited"
+
+    assert _waited(Async()) == "waited" and _waited(3) == 3
+
+
+@slow
+def test_dtensor_leaves_no_unwaited_collective(launched4):
+    """Issue 35 item 6: the ranks of the lab's TP launch end with no functional collective
+    left unawaited (the 2-D case's output is awaited), so a spawned rank no longer prints
+    c10d's "there are still 1 unwaited collective calls" when it destroys its group."""
+    for variant in ("tp_good", "tp_honest"):
+        assert [r["unwaited_collectives"] for r in launched4[variant]] == [0, 0, 0, 0]
+
+
 def test_model_comm_share_matches_the_link_model_for_the_solutions_model():
     from perflab.core.simulated import LINK_PRESETS
     from perflab.labs.lab10.tables import model_comm_share, tp_comm_share

@@ -167,6 +167,16 @@ def _hand_case(student: Any, case: dict[str, int], rank: int, world: int) -> dic
             "backward_all_reduces": bwd_seen.all_reduces, "delegated": list(delegated)}
 
 
+def _waited(out: Any) -> Any:
+    """``out`` with DTensor's all-reduce awaited: ``parallelize_module``'s block returns an
+    ``AsyncCollectiveTensor``, awaited when first read. The 2-D case never reads its
+    output, so each rank ended holding one unawaited collective, and c10d printed "At the
+    time of process termination, there are still 1 unwaited collective calls" when a
+    spawned rank destroyed its process group."""
+    wait = getattr(out, "wait", None)
+    return wait() if callable(wait) else out
+
+
 def _dtensor_case(student: Any, case: dict[str, int], mesh: Any) -> dict[str, Any]:
     """``student.parallel_mlp`` over the 1-D ``mesh`` of all ranks, counted."""
     block = mlp_block(int(case["d"]), int(case["seed"]))
@@ -196,7 +206,9 @@ def _two_d_case(student: Any, case: dict[str, int], mesh: Any) -> dict[str, Any]
     x.requires_grad_(True)   # an activation, as inside a transformer: f's backward reduces it
     mine = student.parallel_mlp(block, mesh["tp"])
     with count_functional_collectives() as tp_comm, count_collectives() as dp_comm:
-        mine(x).backward(grad_out)
+        out = mine(x)
+        out.backward(grad_out)
+        _waited(out)
         student.data_parallel_grads(mine, mesh["dp"].get_group())
     fc1, fc2 = mine[0], mine[2]
     return {"dp_index": dp_index, "tp_index": tp_index,
@@ -257,10 +269,11 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
             "tp" dimension, ``student.data_parallel_grads`` over its "dp" group.
 
     Returns:
-        ``{"hand": [per case], "dtensor": [per case], "two_d": [per case]}``; a case
-        holds this rank's output, input gradient and LOCAL parameter gradients (lists),
-        and the collectives counted in the forward and in the backward (calls and bytes
-        by kind), or ``{"error": ...}``.
+        ``{"hand": [per case], "dtensor": [per case], "two_d": [per case],
+        "unwaited_collectives": functional collectives never awaited at the end (0; None
+        where torch does not tell)}``; a case holds this rank's output, input gradient and
+        LOCAL parameter gradients (lists), and the collectives counted in the forward and
+        in the backward (calls and bytes by kind), or ``{"error": ...}``.
     """
     import torch.distributed as dist
 
@@ -278,6 +291,11 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
     if two_d and world % 2 == 0 and world >= 4:
         out["two_d"] = _on_student_mesh(student, cases, _two_d_case, (2, world // 2),
                                         ("dp", "tp"))
+    try:   # DTensor's functional collectives never awaited (c10d warns of them at exit)
+        from torch._C._distributed_c10d import _get_work_registry_size
+        out["unwaited_collectives"] = int(_get_work_registry_size())
+    except ImportError:
+        out["unwaited_collectives"] = None
     return out
 
 
