@@ -334,58 +334,20 @@ def my_cprofile(dataset, n):
     return pstats.Stats(prof)''' + _SLOWEST.replace("ticks * stats.unit", "ticks * stats.unit / 1e3"),
 }
 
-_IDLE_HEAD = """
-def my_stream_idle(events, delay_us=30.0):
-    launch_ts = (events[~events.on_device & (events.correlation != -1)]
-                 .drop_duplicates("correlation", keep="last").set_index("correlation").ts)
-    rows = {}
-"""
+_IDLE = LAB.solution("my_stream_idle")
 WRONG_IDLE = {
     # the gaps between kernels of different streams, not per stream
-    "one timeline for all streams": _IDLE_HEAD + """    k = events[events.kernel & (events.stream >= 0)].sort_values("ts", kind="stable")
-    prev_end = k.end.shift(1)
-    gap = (k.ts - prev_end)
-    host = k.correlation.map(launch_ts) > prev_end
-    for stream in sorted(k.stream.unique()):
-        on = (k.stream == stream)
-        g, h = gap[on].fillna(0), host[on]
-        rows[stream] = {"kernels": int(on.sum()), "busy_us": float((k.end - k.ts)[on].sum()),
-                        "host_wait_us": float(g[h].sum()), "kernel_wait_us": float(g[~h & (g < delay_us)].sum()),
-                        "other_us": float(g[~h & (g >= delay_us)].sum())}
-    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
-    # the kernel's own start instead of its launch: every gap looks like a host wait or none
-    "host wait from the kernel's start": _IDLE_HEAD + """    for stream, k in events[events.kernel & (events.stream >= 0)].groupby("stream"):
-        k = k.sort_values("ts")
-        prev_end = k.end.shift(1)
-        gap = (k.ts - prev_end).iloc[1:]
-        host = (k.ts > prev_end).iloc[1:]
-        short = gap < delay_us
-        rows[stream] = {"kernels": len(k), "busy_us": float((k.end - k.ts).sum()),
-                        "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[~host & short].sum()),
-                        "other_us": float(gap[~host & ~short].sum())}
-    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
+    "one timeline for all streams": _IDLE.replace(
+        'for stream, k in events[events.kernel & (events.stream >= 0)].groupby("stream"):',
+        'for stream, k in [(s, events[events.kernel & (events.stream >= 0)]) for s in sorted(set(events.stream[events.kernel & (events.stream >= 0)]))]:'),
+    # the kernel's own start instead of its launch: every gap looks like a host wait
+    "host wait from the kernel's start": _IDLE.replace(
+        "host = (k.correlation.map(launch_ts) > prev_end).iloc[1:]", "host = (k.ts > prev_end).iloc[1:]"),
     # HTA's default threshold whatever delay_us says
-    "always 30 us": _IDLE_HEAD + """    for stream, k in events[events.kernel & (events.stream >= 0)].groupby("stream"):
-        k = k.sort_values("ts")
-        prev_end = k.end.shift(1)
-        gap = (k.ts - prev_end).iloc[1:]
-        host = (k.correlation.map(launch_ts) > prev_end).iloc[1:]
-        short = gap < 30.0
-        rows[stream] = {"kernels": len(k), "busy_us": float((k.end - k.ts).sum()),
-                        "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[~host & short].sum()),
-                        "other_us": float(gap[~host & ~short].sum())}
-    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
+    "always 30 us": _IDLE.replace("short = gap < delay_us", "short = gap < 30.0"),
     # busy as the span from the first kernel to the last
-    "busy is the span": _IDLE_HEAD + """    for stream, k in events[events.kernel & (events.stream >= 0)].groupby("stream"):
-        k = k.sort_values("ts")
-        prev_end = k.end.shift(1)
-        gap = (k.ts - prev_end).iloc[1:]
-        host = (k.correlation.map(launch_ts) > prev_end).iloc[1:]
-        short = gap < delay_us
-        rows[stream] = {"kernels": len(k), "busy_us": float(k.end.max() - k.ts.min()),
-                        "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[~host & short].sum()),
-                        "other_us": float(gap[~host & ~short].sum())}
-    return pd.DataFrame.from_dict(rows, orient="index").sort_index()""",
+    "busy is the span": _IDLE.replace('"busy_us": float((k.end - k.ts).sum())',
+                                      '"busy_us": float(k.end.max() - k.ts.min())'),
     "delegates to perflab's idle_time_breakdown": """
 def my_stream_idle(events, delay_us=30.0):
     from perflab.analysis.trace import RankTrace

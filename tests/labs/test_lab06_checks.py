@@ -181,25 +181,6 @@ HONEST_BW = ("def my_bus_bandwidth(size_bytes, time_s, world_size):\n"
              "    return alg, [a * factor for a in alg]\n")
 
 
-@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
-def test_bus_bandwidth_reference_passes_at_any_seed(lab_ns, seed):
-    scope = dict(lab_ns)
-    LAB.run_code(scope, _BW)
-    verdict = LAB.judge(scope, "check_bus_bandwidth", seed=seed)
-    assert verdict.passed, verdict.message
-
-
-def test_bus_bandwidth_honest_variant_passes(lab_ns):
-    assert LAB.verdict(dict(lab_ns), HONEST_BW, "check_bus_bandwidth").passed
-
-
-@pytest.mark.parametrize("name", sorted(WRONG_BW))
-def test_wrong_bus_bandwidth_fails(lab_ns, name):
-    assert WRONG_BW[name] != _BW
-    verdict = LAB.verdict(dict(lab_ns), WRONG_BW[name], "check_bus_bandwidth")
-    assert _fails_on_a_hidden_case(verdict), (name, verdict)
-
-
 def test_bus_bandwidth_delegating_to_perflab_fails(lab_ns):
     code = ("from perflab.analysis.collectives import algbw_bytes_per_s, busbw_bytes_per_s\n"
             "def my_bus_bandwidth(n, t, p):\n"
@@ -364,23 +345,32 @@ def my_comm_overlap(events):
 """
 
 
+#: Exercises 6 and 7's pure functions: (reference, honest variant, wrong answers) per check.
+PURE_CHECKS = {"check_bus_bandwidth": (_BW, HONEST_BW, WRONG_BW),
+               "check_comm_overlap": (_OV, HONEST_COMM_OVERLAP, WRONG_COMM_OVERLAP)}
+
+
 @pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
-def test_comm_overlap_reference_passes_at_any_seed(lab_ns, seed):
+@pytest.mark.parametrize("check", sorted(PURE_CHECKS))
+def test_pure_reference_passes_at_any_seed(lab_ns, check, seed):
     scope = dict(lab_ns)
-    LAB.run_code(scope, _OV)
-    verdict = LAB.judge(scope, "check_comm_overlap", seed=seed)
+    LAB.run_code(scope, PURE_CHECKS[check][0])
+    verdict = LAB.judge(scope, check, seed=seed)
     assert verdict.passed, verdict.message
 
 
-def test_comm_overlap_honest_variant_passes(lab_ns):
-    v = LAB.verdict(dict(lab_ns), HONEST_COMM_OVERLAP, "check_comm_overlap")
-    assert v.passed, v.message
+@pytest.mark.parametrize("check", sorted(PURE_CHECKS))
+def test_pure_honest_variant_passes(lab_ns, check):
+    verdict = LAB.verdict(dict(lab_ns), PURE_CHECKS[check][1], check)
+    assert verdict.passed, verdict.message
 
 
-@pytest.mark.parametrize("name", sorted(WRONG_COMM_OVERLAP))
-def test_wrong_comm_overlap_fails(lab_ns, name):
-    assert WRONG_COMM_OVERLAP[name] != _OV
-    verdict = LAB.verdict(dict(lab_ns), WRONG_COMM_OVERLAP[name], "check_comm_overlap")
+@pytest.mark.parametrize("check, name", [(c, n) for c, (_, _, wrong) in sorted(PURE_CHECKS.items())
+                                         for n in sorted(wrong)])
+def test_pure_wrong_answer_fails(lab_ns, check, name):
+    reference, _, wrong = PURE_CHECKS[check]
+    assert wrong[name] != reference
+    verdict = LAB.verdict(dict(lab_ns), wrong[name], check)
     assert _fails_on_a_hidden_case(verdict), (name, verdict)
 
 
