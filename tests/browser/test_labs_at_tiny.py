@@ -8,7 +8,8 @@ Each notebook runs in a fresh kernel of this environment, in a scratch folder (i
 ``%%writefile`` modules and results land there), with its hidden tests cleared as
 ``perflab course build`` clears them for students: they draw their own cases, whatever
 the preset, and nbval runs them at ``quick``. The test fails on the first cell that
-raises; outputs are not compared. Marked ``slow``: about 40 s a lab on 2 cores.
+raises; outputs are not compared. Marked ``slow``: 12-43 s a lab, 312 s for the 11
+one after another (one OpenMP thread, 2 cores shared with other jobs, 2026-11-27).
 """
 from __future__ import annotations
 
