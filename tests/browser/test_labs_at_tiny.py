@@ -13,6 +13,7 @@ one after another (one OpenMP thread, 2 cores shared with other jobs, 2026-11-27
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -23,10 +24,40 @@ from tests.conftest import slow
 from .labserver import solution_notebooks
 
 CELL_TIMEOUT_S = 300
+#: How a notebook may read PRESET and still run at ``tiny`` exactly as at ``quick``: its
+#: definition, a comparison with "full", or a display inside an f-string.
+_SAME_AS_QUICK = re.compile(r'PRESET\s*=\s*os\.environ\.get\(|PRESET\s*[!=]=\s*"full"|\{PRESET(!r)?\}')
+
+
+def tiny_runs_as_quick(nb) -> bool:
+    """True when every use of the preset in the notebook's code is one of
+    :data:`_SAME_AS_QUICK`'s (or it never reads PERFLAB_PRESET at all)."""
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    if "PERFLAB_PRESET" not in code:
+        return True
+    uses = len(re.findall(r"\bPRESET\b", code))
+    return uses == len(_SAME_AS_QUICK.findall(code))
+
+
+def _differs_at_tiny() -> list[Path]:
+    return [p for p in solution_notebooks()
+            if not tiny_runs_as_quick(nbformat.read(p, as_version=4))]
+
+
+def test_the_notebooks_run_at_tiny_are_those_whose_code_reads_the_preset():
+    picked = {p.stem[:2] for p in _differs_at_tiny()}
+    assert {"00", "01", "02", "03", "04", "05"} <= picked, picked   # RunConfig.preset(PRESET)
+    for snippet, same in [('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nQUICK = PRESET != "full"', True),
+                          ('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nprint(f"{PRESET!r}")', True),
+                          ('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nc = RunConfig.preset(PRESET)', False),
+                          ('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nn = 8 if PRESET == "tiny" else 16', False),
+                          ("x = 1", True)]:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(snippet)])
+        assert tiny_runs_as_quick(nb) is same, snippet
 
 
 @slow
-@pytest.mark.parametrize("notebook", solution_notebooks(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", _differs_at_tiny(), ids=lambda p: p.stem)
 def test_solution_runs_whole_at_tiny(notebook: Path, tmp_path, monkeypatch):
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
