@@ -7,12 +7,16 @@ import the student's own files by module name (written next to the notebook with
 f/g by hand; Shoeybi et al. 2019, arXiv:1909.08053, §3), ``make_mesh``
 (``init_device_mesh``), ``parallel_mlp`` (``parallelize_module``) and
 ``data_parallel_grads`` (the 2-D layout's gradient all-reduce); ``pp_student`` defines
-``split_model``, ``BusyTimer``, ``build_schedule`` and ``pipeline_step``
-(``torch.distributed.pipelining``).
+``split_model``, the hand-written schedules ``gpipe_step`` and ``one_f_one_b_step``
+(point-to-point sends and receives; Huang et al. 2019, arXiv:1811.06965; Narayanan et al.
+2021, arXiv:2104.04473, §2.2), and ``build_schedule`` and ``pipeline_step``
+(``torch.distributed.pipelining``). What a pipeline rank records around them (op order,
+busy time, stash, messages) is :mod:`perflab.labs.lab10.pipeline`.
 
-:func:`hand_tp_on_ranks` and :func:`pipeline_on_ranks` start the ranks for a graded
-check's hidden cases (and the panel); :func:`shard_compute_s` times one shard's compute in
-the calling process.
+:func:`hand_tp_on_ranks` starts the ranks for a graded check's hidden cases,
+:func:`pipeline_on_ranks` for the lab's pipeline launch and its panel, and
+:func:`pipeline_check_records` makes the ONE launch the pipeline checks share;
+:func:`shard_compute_s` times one shard's compute in the calling process.
 
 A case that raises in the student's code is returned as ``{"error": "Type: message"}``
 (the notebook and the judges show it), so one bad case does not hide the others.
@@ -42,7 +46,9 @@ from perflab.labs.lab10.comm import count_functional_collectives
 from perflab.labs.lab10.models import mlp_block, pipeline_batch, pipeline_model, tp_tensors
 
 __all__ = ["import_student", "shard_compute_s", "tp_rank", "pp_rank", "lab10_rank",
-           "hand_tp_on_ranks", "pipeline_on_ranks", "HandTPTrace", "HAND_TP_FORBIDDEN"]
+           "hand_tp_on_ranks", "pipeline_on_ranks", "check_runs", "pipeline_check_records",
+           "HandTPTrace", "HAND_TP_FORBIDDEN", "HAND_PP_FORBIDDEN", "PP_SCHEDULES",
+           "PP_P2P_TIMEOUT_S"]
 
 #: torch's tensor parallelism, which Exercise 1 (``ShardedMLP``) may not use: it is
 #: Exercise 2's answer. Dotted paths (the last names a class's attribute).
@@ -319,89 +325,194 @@ def _on_student_mesh(student: Any, cases: Sequence[dict], case_fn: Callable, *me
     return results
 
 
-def _pp_run(student: Any, run: dict[str, Any], rank: int, world: int,
-            group: Any = None) -> dict[str, Any]:
-    """One run on the pipeline's ``p = run["stages"]`` ranks (0 .. p-1): with ``p`` below
-    the world size the student's ``build_schedule`` gets the sub-group ``group`` of those
-    ranks (``PipelineStage(..., group=group)``), and the step's barriers are the group's."""
-    import torch.distributed as dist
+#: torch's pipelining runtime, which the hand-written schedules (Exercises 6 and 7) may not
+#: run: it is Exercise 8's answer. Dotted paths (the last names a class's attribute).
+HAND_PP_FORBIDDEN = ("torch.distributed.pipelining.stage._PipelineStageBase.forward_one_chunk",
+                     "torch.distributed.pipelining.stage._PipelineStageBase.backward_one_chunk",
+                     "torch.distributed.pipelining.schedules.PipelineScheduleSingle.step",
+                     "torch.distributed.pipelining.schedules.PipelineScheduleMulti.step")
+#: The schedules a run may name: the student's own over send/recv, and torch's through the
+#: student's ``build_schedule`` (its ``schedule`` argument is the part after ``torch_``).
+PP_SCHEDULES = {"gpipe": "gpipe_step", "1f1b": "one_f_one_b_step",
+                "torch_gpipe": "build_schedule", "torch_1f1b": "build_schedule"}
+#: Seconds a pipeline's send or receive may wait for its peer before it fails (the process
+#: group's timeout): a schedule that deadlocks (each of two stages waiting for the other
+#: to receive) fails its run instead of stopping the launch.
+PP_P2P_TIMEOUT_S = 30.0
 
-    stages_n = int(run.get("stages", world))
+
+def _simulated(model: torch.nn.Module, on: bool, saved: list | None = None) -> list:
+    """Switch the model's :class:`~perflab.labs.lab10.models.SimulatedWork` off (saving
+    its times) or back on (from ``saved``)."""
+    from perflab.labs.lab10.models import SimulatedWork
+
+    works = [mod for mod in model.modules() if isinstance(mod, SimulatedWork)]
+    if not on:
+        saved = [(w.forward_s_per_row, w.backward_s_per_row) for w in works]
+        for w in works:
+            w.forward_s_per_row = w.backward_s_per_row = 0.0
+        return saved
+    for w, (f, b) in zip(works, saved or []):
+        w.forward_s_per_row, w.backward_s_per_row = f, b
+    return []
+
+
+def _pp_run(student: Any, run: dict[str, Any], rank: int, group: Any) -> dict[str, Any]:
+    """One run on the pipeline's ``p = run["stages"]`` ranks (0 .. p-1, ``group``): the
+    model split by the student's ``split_model``, this rank's stage run by the schedule
+    ``run["schedule"]`` (:data:`PP_SCHEDULES`).
+
+    Step 0 is *recorded*: the simulated compute off, every op, the stash, the
+    point-to-point messages and the gradients kept (torch's schedules run one step before
+    it, unrecorded: their first step infers the shapes with a forward that has no
+    backward). Steps 1 .. ``repeats`` are *timed*: the simulated compute on, the
+    busy seconds (:class:`~perflab.labs.lab10.pipeline.StageProbe`) and the step's wall
+    clock between two barriers of the group."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from perflab.labs.checking import watch_calls
+    from perflab.labs.lab10.pipeline import P2PTrace, Stash, StageProbe, in_flight_peak
+
+    schedule, p, m = run["schedule"], int(run["stages"]), int(run["m"])
+    if schedule not in PP_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(PP_SCHEDULES)}")
     model = pipeline_model(int(run["width"]), int(run["blocks"]), int(run["seed"]),
                            float(run.get("forward_s_per_row", 0.0)),
                            float(run.get("backward_s_per_row", 0.0)))
-    stages = student.split_model(model, stages_n)
+    stages = student.split_model(model, p)
     stage_module = stages[rank]
-    timer = student.BusyTimer(stage_module)
     x, y = pipeline_batch(int(run["width"]), int(run["batch"]), int(run["seed"]))
+    if x.shape[0] % m:
+        raise ValueError(f"batch {x.shape[0]} does not split into m={m} equal micro-batches")
+    microbatches, targets = list(x.chunk(m)), list(y.chunk(m))
+    probe = StageProbe(stage_module)
     clock = PerfCounterClock()
-    losses, step_s, busy_s, peak = [], [], [], []
-    extra = {} if group is None else {"group": group}
-    sched = student.build_schedule(stage_module, rank, stages_n, int(run["m"]), run["schedule"],
-                                   **extra)
-    for _ in range(1 + int(run.get("repeats", 0))):   # the first step (shape inference): a warm-up
-        timer.reset()
+    hand = not schedule.startswith("torch_")
+    sched = None if hand else student.build_schedule(
+        stage_module, rank, p, m, schedule[len("torch_"):], group=group)
+    out: dict[str, Any] = {"schedule": schedule, "stages": len(stages),
+                           "stage_layers": len(stage_module), "losses": [], "step_s": [],
+                           "busy_s": []}
+    saved = _simulated(model, on=False)
+    if not hand:   # its first step infers shapes (a forward of stage 0 with no backward)
+        student.pipeline_step(sched, rank, p, x, y)
+    for step in range(1 + int(run.get("repeats", 0))):
+        if step == 1:
+            _simulated(model, on=True, saved=saved)
+        stash = Stash() if hand else None
+        probe.reset(stash)
+        stage_module.zero_grad(set_to_none=True)
         dist.barrier(group=group)
         t0 = clock.now()
-        loss = student.pipeline_step(sched, rank, stages_n, x, y)
-        dist.barrier(group=group)   # the step ends when the LAST stage is done (it returns early)
-        step_s.append(clock.now() - t0)
-        busy_s.append(float(timer.busy_s))
-        peak.append(int(timer.peak_in_flight))
-        losses.append(None if loss is None else float(loss))
-        stage_module.zero_grad(set_to_none=True)
-    return {"losses": losses, "step_s": step_s[1:] or step_s, "busy_s": busy_s[1:] or busy_s,
-            "peak_in_flight": peak[-1], "stage_layers": len(stage_module),
-            "stages": len(stages)}
+        probe.recording = True
+        try:
+            if not hand:
+                loss = student.pipeline_step(sched, rank, p, x, y)
+            elif step == 0:
+                with watch_calls({n: _object_at(n) for n in HAND_PP_FORBIDDEN}) as delegated, \
+                        P2PTrace(group) as trace:
+                    loss = getattr(student, PP_SCHEDULES[schedule])(
+                        stage_module, microbatches, targets, F.cross_entropy, group, stash)
+            else:
+                loss = getattr(student, PP_SCHEDULES[schedule])(
+                    stage_module, microbatches, targets, F.cross_entropy, group, stash)
+        finally:
+            probe.recording = False
+        dist.barrier(group=group)   # the step ends when the LAST stage is done
+        out["step_s"].append(clock.now() - t0)
+        out["busy_s"].append(float(probe.busy_s))
+        out["losses"].append(None if loss is None else float(loss))
+        if step == 0:
+            out.update(order=list(probe.order), in_flight_peak=in_flight_peak(probe.order),
+                       grads=[None if q.grad is None else q.grad.tolist()
+                              for q in stage_module.parameters()])
+            if hand:
+                out.update(stash_peak=stash.peak, stash_left=len(stash), sends=trace.sends,
+                           recvs=trace.recvs, collectives=trace.collectives,
+                           delegated=list(delegated))
+    if len(out["step_s"]) > 1:   # the recorded step (no simulated compute) is not timed
+        out["step_s"], out["busy_s"] = out["step_s"][1:], out["busy_s"][1:]
+    out["peak_in_flight"] = out["stash_peak"] if hand else out["in_flight_peak"]
+    return out
 
 
-def pp_rank(runs: Sequence[dict[str, Any]], student_module: str = "pp_student"
-            ) -> list[dict[str, Any]]:
-    """Rank body: the student's pipeline (``split_model`` into ``p`` stages,
-    ``build_schedule``, ``pipeline_step``) on each run, timed by the student's
-    ``BusyTimer`` (busy seconds of this stage) and by the step's wall clock, from a
-    barrier before the step to a barrier after it: the whole pipeline's step, the same on
-    every stage (the last stage's ``step`` returns before the first stage's backward ends).
+def pp_rank(runs: Sequence[dict[str, Any]], student_module: str = "pp_student",
+            p2p_timeout_s: float = PP_P2P_TIMEOUT_S) -> list[dict[str, Any]]:
+    """Rank body: the student's pipeline on each run. A run's ``"schedule"`` is one of
+    :data:`PP_SCHEDULES`: ``"gpipe"`` and ``"1f1b"`` call the student's hand-written
+    ``gpipe_step`` / ``one_f_one_b_step`` ``(stage_module, microbatches, targets,
+    loss_fn, group, stash)``, ``"torch_gpipe"`` and ``"torch_1f1b"`` their
+    ``build_schedule`` and ``pipeline_step`` (torch's ``ScheduleGPipe`` /
+    ``Schedule1F1B``). Every run splits the model with the student's ``split_model``.
 
-    A run's ``p`` is its ``"stages"`` (default: the world size). With ``p`` below the
-    world size the run uses ranks 0 .. p-1 only, on a sub-group of them (made here with
-    ``dist.new_group`` on every rank, once per p) that the student's ``build_schedule``
-    receives as ``group=``; the other ranks wait at the barrier after the run and record
-    ``{"idle": True}``. So one launch of 4 ranks runs 2- and 4-stage pipelines.
+    A run's p is its ``"stages"`` (default: the world size) and it runs on ranks
+    0 .. p-1, over a process group of those ranks made here (``dist.new_group`` on every
+    rank) whose sends and receives time out after ``p2p_timeout_s``; the other ranks
+    record ``{"idle": True}``. So one launch of 4 ranks runs 2- and 4-stage pipelines.
+    After each run the ranks agree (an all-reduce) whether it failed anywhere; a failed
+    run's group is replaced (no message of it reaches the next run) and its schedule is
+    not run again in this launch (its later runs record why): a schedule that deadlocks
+    costs one timeout, not one per run.
 
     Args:
-        runs: ``{"schedule": "gpipe" | "1f1b", "m", "width", "blocks", "batch", "seed",
-            "forward_s_per_row", "backward_s_per_row", "repeats"}`` each, optionally
-            ``"stages"`` (:func:`~perflab.labs.lab10.models.pipeline_model`'s sizes and
-            simulated work).
+        runs: ``{"schedule", "m", "width", "blocks", "batch", "seed"}`` each, optionally
+            ``"stages"``, ``"repeats"`` (timed steps after the recorded one, default 0),
+            ``"forward_s_per_row"``, ``"backward_s_per_row"``
+            (:func:`~perflab.labs.lab10.models.pipeline_model`'s sizes and simulated work).
+        student_module: the student's file's module name.
+        p2p_timeout_s: the pipeline groups' timeout, seconds (> 0).
 
     Returns:
-        Per run, this rank's ``{"losses" (per step: the loss on the last stage, None
-        elsewhere), "step_s", "busy_s" (per timed step), "peak_in_flight",
-        "stage_layers", "stages"}``, ``{"idle": True}`` on a rank outside the run's
-        stages, or ``{"error": ...}``.
+        Per run, this rank's record (:func:`_pp_run`): ``"schedule", "stages",
+        "stage_layers", "losses"`` (per step: the last stage's loss, None elsewhere),
+        ``"step_s", "busy_s"`` (per timed step; the recorded step's when none),
+        ``"order"`` (``["F0", "B0", ...]``), ``"in_flight_peak"`` (from the order),
+        ``"grads"`` (the stage's parameter gradients after the recorded step, lists),
+        ``"peak_in_flight"`` (the stash's peak for a hand-written schedule, the order's for
+        torch's) and, for a hand-written schedule, ``"stash_peak", "stash_left", "sends",
+        "recvs", "collectives", "delegated"`` (:data:`HAND_PP_FORBIDDEN` that ran);
+        ``{"idle": True}`` on a rank outside the run's stages, or ``{"error": ...}``.
 
     Raises:
-        ValueError: a run's ``stages`` is < 1 or above the world size (before any run).
+        ValueError: a run's ``stages`` is < 1 or above the world size, or a timeout not
+            > 0 (before any run).
     """
+    import datetime
+
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = [int(run.get("stages", world)) for run in runs]
     if any(not 1 <= p <= world for p in sizes):
         raise ValueError(f"every run's stages must be in 1..{world} (the ranks), got {sizes}")
-    groups = {p: dist.new_group(list(range(p))) for p in sorted(set(sizes)) if p < world}
+    if not p2p_timeout_s > 0:
+        raise ValueError(f"p2p_timeout_s must be > 0 seconds, got {p2p_timeout_s!r}")
+    timeout = datetime.timedelta(seconds=p2p_timeout_s)
     student = import_student(student_module)
+    groups: dict[int, Any] = {}
+    failed: dict[str, int] = {}   # schedule -> the run it failed on
     out = []
-    for run, p in zip(runs, sizes):
+    for k, (run, p) in enumerate(zip(runs, sizes)):
+        if p not in groups:   # every rank, in the same order: new_group is collective
+            groups[p] = dist.new_group(list(range(p)), timeout=timeout)
+        status = 0
         if rank >= p:
             out.append({"idle": True})
+        elif run["schedule"] in failed:
+            out.append({"error": f"not run: {run['schedule']} failed on run {failed[run['schedule']]} "
+                                 "of this launch (see that run's error)"})
         else:
             try:
-                out.append(_pp_run(student, run, rank, world, groups.get(p)))
+                out.append(_pp_run(student, {**run, "stages": p}, rank, groups[p]))
             except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
                 out.append(_error(e))
-        dist.barrier()
+                status = 1
+        flag = torch.tensor([status], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)   # the default group: every rank
+        if flag.item() and run["schedule"] not in failed:
+            failed[run["schedule"]] = k
+            del groups[p]   # its messages may still be in flight: the next run gets a new one
     return out
 
 
@@ -448,3 +559,70 @@ def pipeline_on_ranks(runs: Sequence[dict[str, Any]], student_module: str = "pp_
     """
     return launch_fn(pp_rank, world_size, args=(list(runs), student_module), device="cpu",
                      timeout_s=timeout_s)
+
+
+#: The pipeline checks' shared launch in this process (the notebook's kernel): the
+#: configs the first graded check drew, their seal, and every rank's records.
+_CHECK_LAUNCH: dict[str, Any] = {}
+#: What a check's judge reads of a run's record (no timings: they move with the load).
+_CHECK_KEYS = ("schedule", "stages", "stage_layers", "losses", "order", "grads",
+               "in_flight_peak", "stash_peak", "stash_left", "sends", "collectives",
+               "delegated", "error", "idle")
+
+
+def check_runs(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of the pipeline checks' shared launch: every config (``{"stages", "m",
+    "width", "blocks", "batch", "seed", "torch"}``) run by the student's ``gpipe_step``,
+    their ``one_f_one_b_step`` and torch's schedule ``config["torch"]`` (``"gpipe"`` or
+    ``"1f1b"``) through their ``build_schedule``, in that order; the recorded step only."""
+    return [{**c, "schedule": s, "repeats": 0}
+            for c in configs for s in ("gpipe", "1f1b", f"torch_{c['torch']}")]
+
+
+def pipeline_check_records(case: dict[str, Any] | None, schedule: str,
+                           student_module: str = "pp_student", world_size: int = 4,
+                           timeout_s: float = 300) -> dict[str, Any]:
+    """The records of one schedule on the graded pipeline configs, from ONE launch that
+    the pipeline checks share (starting 4 ranks costs seconds): what their
+    ``student_answer`` returns.
+
+    The first check passes its ``case`` (``{"configs", "seal"}``, drawn and sealed by the
+    grader): the call starts ``world_size`` gloo ranks running :func:`check_runs` of the
+    configs and keeps their records in this process, replacing any earlier ones. The
+    checks after it pass ``case`` None and read those records, with the configs and the
+    seal that came with them (the grader's judge verifies the seal: the configs are the
+    ones it drew).
+
+    Args:
+        case: the first check's case, or None (the launch already made here).
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"torch"`` (the config's torch schedule).
+
+    Returns:
+        ``{"configs", "seal", "records": [config][rank] record}`` (:func:`pp_rank`'s
+        records, the judges' keys only).
+
+    Raises:
+        ValueError: an unknown schedule.
+        RuntimeError: ``case`` is None and no launch was made in this process.
+        perflab.distributed.RankFailedError, LaunchTimeoutError: as ``launch_fn``.
+    """
+    import warnings
+
+    if schedule not in ("gpipe", "1f1b", "torch"):
+        raise ValueError(f"schedule must be 'gpipe', '1f1b' or 'torch', got {schedule!r}")
+    if case is not None:   # the first check: always a fresh launch (never an older file's records)
+        _CHECK_LAUNCH.clear()
+        runs = check_runs(case["configs"])
+        with warnings.catch_warnings():   # 4 ranks on fewer cores: no timing is read here
+            warnings.filterwarnings("ignore", message=".*oversubscribed", category=RuntimeWarning)
+            ranks = pipeline_on_ranks(runs, student_module, world_size, timeout_s)
+        _CHECK_LAUNCH.update(configs=case["configs"], seal=case.get("seal"), ranks=ranks)
+    if not _CHECK_LAUNCH:
+        raise RuntimeError("no graded pipeline launch ran in this kernel: the check of "
+                           "Exercise 6 starts it; run that check first")
+    column = ("gpipe", "1f1b", "torch").index(schedule)   # check_runs' order per config
+    records = [[{key: rec[key] for key in _CHECK_KEYS if key in rec}
+                for rec in (r[3 * k + column] for r in _CHECK_LAUNCH["ranks"])]
+               for k in range(len(_CHECK_LAUNCH["configs"]))]
+    return {"configs": _CHECK_LAUNCH["configs"], "seal": _CHECK_LAUNCH["seal"],
+            "records": records}

@@ -6,8 +6,9 @@
 * :func:`model_comm_share`: the same share from a model of the step's communication
   time (the student's ``tp_step_comm_s``) evaluated on each link.
 * :func:`bubble_table`: the pipeline runs' measured idle fraction per schedule and
-  micro-batch count, beside GPipe's formula (p - 1) / (m + p - 1) (Huang et al. 2019,
-  arXiv:1811.06965, §2.2) as the student wrote it.
+  micro-batch count, beside the bubble formula (p - 1) / (m + p - 1) (GPipe: Huang et al.
+  2019, arXiv:1811.06965, §2.2; the same for 1F1B: Narayanan et al. 2021,
+  arXiv:2104.04473, §2.2) as the student wrote it.
 """
 from __future__ import annotations
 
@@ -86,11 +87,13 @@ def model_comm_share(comm_s: Callable[[float, float], float], compute_s: float,
 
 
 def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
-                 formula: Callable[[int, int], float] | None = None) -> pd.DataFrame:
+                 formula: Callable[[int, int], float] | None = None,
+                 schedules: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per run: the measured bubble ``1 - busy_s / step_s`` (per stage, median
     over its timed steps; the row holds the mean over the stages and each stage's), the
     formula's value at the run's ``(p, m)``, the step time and the peak micro-batches in
-    flight per stage.
+    flight per stage (``peak_in_flight``: a hand-written schedule's stash at its fullest,
+    or counted from the order torch's schedule ran its ops in).
 
     Args:
         runs: the runs given to :func:`~perflab.labs.lab10.ranks.pp_rank`; a run's p is
@@ -98,16 +101,20 @@ def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dic
         per_rank: ``pp_rank``'s result on each rank (``[rank][run]``).
         formula: ``formula(p, m)`` (the student's); None or a raising formula leaves
             the column NaN.
+        schedules: the schedules to tabulate (None: every run's).
 
     Returns:
         Columns ``schedule, m, stages, bubble_measured, bubble_rank<k>, bubble_formula,
         step_ms, in_flight_rank<k>`` (NaN for a stage k the run does not have).
 
     Raises:
-        ValueError: a run's record holds an error (its text is in the message).
+        ValueError: a run's record holds an error (its text is in the message), or no
+            run is of ``schedules``.
     """
     rows = []
     for i, run in enumerate(runs):
+        if schedules is not None and run["schedule"] not in schedules:
+            continue
         p = int(run.get("stages", len(per_rank)))
         recs = [r[i] for r in per_rank[:p]]
         bad = [f"rank {k}: {rec['error']}" for k, rec in enumerate(recs) if "error" in rec]
@@ -126,6 +133,8 @@ def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dic
                      "bubble_formula": want,
                      "step_ms": 1e3 * max(statistics.median(rec["step_s"]) for rec in recs),
                      **{f"in_flight_rank{k}": rec["peak_in_flight"] for k, rec in enumerate(recs)}})
+    if not rows:
+        raise ValueError(f"no run of the schedules {list(schedules or [])} to tabulate")
     table = pd.DataFrame(rows)
     flights = [c for c in table.columns if c.startswith("in_flight_rank")]
     table[flights] = table[flights].astype("Int64")   # whole counts, <NA> where no such stage
