@@ -10,8 +10,10 @@ the reference that judges it.
   b_r / B loss weighting (also what instructors' recording runs use).
 * :mod:`perflab.course.references.lab09`: single-process AdamW, what every ZeRO /
   FSDP variant of Lab 09 must equal.
-* :mod:`perflab.course.references.lab10`: the unsharded tensor-parallel block and the
-  unsplit pipeline's loss.
+* :mod:`perflab.course.references.lab10`: the unsharded tensor-parallel block, the
+  unsplit pipeline's loss and gradients, the stage split, the op order and stash peak of
+  GPipe and 1F1B as torch's schedules run them, and the seal that ties one launch's
+  records to the cases the grader drew.
 * :mod:`perflab.course.references.traces`: hidden windows of the real GPU traces in
   ``perflab/recordings/gpu`` (perturbed by the grader) and HTA's idle, temporal and
   overlap analyses of them (Labs 01, 08 and 06).
