@@ -1240,3 +1240,32 @@ def test_the_plots_draw_two_stage_counts_and_the_link_sweep_and_reject_bad_table
         plot_comm_share(links, links.iloc[:0])
     with pytest.raises(ValueError, match="model needs rows"):
         plot_comm_share(links.drop(columns="comm_share"))
+
+
+def test_tp_mlp_flops_is_three_forwards_of_the_shards_matmuls_and_rejects_bad_shapes():
+    from perflab.labs.lab10.tables import tp_mlp_flops
+
+    # forward 2 * tokens * (d*4d + 4d*d) / tp, backward twice that (Narayanan et al. 2021)
+    assert tp_mlp_flops(1, 1, 1) == 3 * 2 * (4 + 4)
+    assert tp_mlp_flops(128, 64, 2) == 48 * 128 * 64 ** 2 / 2
+    assert tp_mlp_flops(10, 8, 4) == tp_mlp_flops(10, 8, 1) / 4
+    for bad in ({"tokens": 0, "d": 8, "tp": 2}, {"tokens": 1, "d": 8, "tp": 0},
+                {"tokens": 1, "d": 8, "tp": True}):
+        with pytest.raises(ValueError, match="must be an int >= 1"):
+            tp_mlp_flops(**bad)
+    with pytest.raises(ValueError, match="must divide the hidden width"):
+        tp_mlp_flops(4, 2, 3)
+
+
+def test_datasheet_peak_reads_the_table_and_names_its_source():
+    from perflab.analysis.peak import PEAK_TFLOPS
+    from perflab.labs.lab10.tables import datasheet_peak
+
+    peak = datasheet_peak("H100 SXM", "tf32")
+    assert peak.flops_per_s == PEAK_TFLOPS["H100 SXM"]["tf32"] * 1e12
+    assert peak.source.startswith("datasheet: NVIDIA H100 datasheet") and peak.dtype == "tf32"
+    assert datasheet_peak("A100 SXM", "bf16").tflops == PEAK_TFLOPS["A100 SXM"]["bf16"]
+    with pytest.raises(ValueError, match="unknown chip"):
+        datasheet_peak("H900", "bf16")
+    with pytest.raises(ValueError, match="lists no 'bf16' figure"):
+        datasheet_peak("V100 SXM2", "bf16")

@@ -5,6 +5,9 @@
   compute: the share of a step the communication would take on each link.
 * :func:`model_comm_share`: the same share from a model of the step's communication
   time (the student's ``tp_step_comm_s``) evaluated on each link.
+* :func:`tp_mlp_flops` and :func:`datasheet_peak`: a GPU-class compute time for the same
+  block, its analytic FLOPs over a datasheet peak (this machine's CPU is far slower than a
+  GPU, so its measured compute would make every link look cheap).
 * :func:`bubble_table`: the pipeline runs' measured idle fraction per schedule and
   micro-batch count, beside the bubble formula (p - 1) / (m + p - 1) (GPipe: Huang et al.
   2019, arXiv:1811.06965, §2.2; the same for 1F1B: Narayanan et al. 2021,
@@ -18,9 +21,10 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from perflab.analysis.peak import PEAK_TFLOPS, PeakFlops
 from perflab.core.simulated import LinkModel, SimulatedLink
 
-__all__ = ["tp_comm_share", "model_comm_share", "bubble_table"]
+__all__ = ["tp_comm_share", "model_comm_share", "tp_mlp_flops", "datasheet_peak", "bubble_table"]
 
 
 def tp_comm_share(compute_s: float, message_bytes: Sequence[int], links: Sequence[SimulatedLink],
@@ -84,6 +88,53 @@ def model_comm_share(comm_s: Callable[[float, float], float], compute_s: float,
                      "beta_bytes_per_s": link.beta_bytes_per_s, "comm_ms": 1e3 * c,
                      "comm_share": share})
     return pd.DataFrame(rows)
+
+
+def tp_mlp_flops(tokens: int, d: int, tp: int) -> float:
+    """FLOPs ONE rank spends on a training step (forward + backward) of its shard of the
+    tensor-parallel MLP block ``Linear(d, 4d) -> GELU -> Linear(4d, d)`` over ``tokens``
+    tokens (batch * seq), matmuls only: ``48 * tokens * d**2 / tp``.
+
+    Biases and GELU are O(tokens * d), left out::
+
+        forward  = 2 * tokens * (d * 4d + 4d * d) / tp       (2 FLOPs per multiply-add)
+        backward = 2 * forward                                (dL/dinput and dL/dweight)
+        total    = 3 * forward = 48 * tokens * d**2 / tp
+
+    The count of Narayanan et al. 2021 (Megatron-LM, arXiv:2104.04473, appendix "Floating-point
+    operations": a GEMM's backward costs twice its forward) and of Kaplan et al. 2020's ``6 N`` FLOPs per token
+    (here ``N = 8 d**2 / tp``, the shard's weights).
+
+    Raises:
+        ValueError: ``tokens``, ``d`` or ``tp`` not >= 1, or ``tp`` not dividing ``4d``.
+    """
+    for name, v in (("tokens", tokens), ("d", d), ("tp", tp)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if (4 * d) % tp:
+        raise ValueError(f"tp={tp} must divide the hidden width 4d = {4 * d}")
+    forward = 2 * tokens * (d * 4 * d + 4 * d * d) / tp
+    return 3 * forward
+
+
+def datasheet_peak(chip: str = "H100 SXM", dtype: str = "tf32") -> PeakFlops:
+    """The dense datasheet peak of ``chip`` (a key of
+    :data:`perflab.analysis.peak.PEAK_TFLOPS`, e.g. "H100 SXM", "A100 SXM") in ``dtype``,
+    without that GPU being here: a :class:`~perflab.analysis.peak.PeakFlops` in FLOP/s whose
+    ``source`` names the datasheet, as :func:`perflab.analysis.peak.peak_flops` gives on that
+    GPU. No real step reaches it, so a time modelled from it is a lower bound.
+
+    Raises:
+        ValueError: an unknown chip, or a dtype that chip's datasheet lists no figure for.
+    """
+    if chip not in PEAK_TFLOPS:
+        raise ValueError(f"unknown chip {chip!r}; choose one of {sorted(PEAK_TFLOPS)}")
+    tflops = PEAK_TFLOPS[chip].get(dtype)
+    if tflops is None:
+        raise ValueError(f"the {chip} datasheet lists no {dtype!r} figure; it has "
+                         f"{sorted(PEAK_TFLOPS[chip])}")
+    return PeakFlops(tflops * 1e12, dtype, chip,
+                     f"datasheet: NVIDIA {chip.split()[0]} datasheet, {chip}, dense")
 
 
 def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
