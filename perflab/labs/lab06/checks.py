@@ -58,10 +58,13 @@ class _LinkWork:
 
 
 @contextmanager
-def record_allreduces(link: SimulatedLink | None = None) -> Iterator[list[dict[str, Any]]]:
-    """Record every ``torch.distributed.all_reduce`` call made inside the block.
+def record_allreduces(link: SimulatedLink | None = None, *, barriers: bool = False
+                      ) -> Iterator[list[dict[str, Any]]]:
+    """Record every ``torch.distributed.all_reduce`` call made inside the block (and, with
+    ``barriers``, every ``dist.barrier``, as ``{"barrier": True}`` in the same list, so
+    their order is kept).
 
-    Each record: ``{"numel", "dtype", "nbytes", "async_op", "in_backward"}``
+    Each all-reduce record: ``{"numel", "dtype", "nbytes", "async_op", "in_backward"}``
     (``in_backward``: autograd's engine was running a backward pass, read with
     ``torch._C._current_graph_task_id() != -1``). With ``link``, each call is booked on a
     :class:`~perflab.core.simulated.LinkModel` shared by the block's calls and completes no earlier
@@ -92,11 +95,20 @@ def record_allreduces(link: SimulatedLink | None = None) -> Iterator[list[dict[s
         linked.wait()
         return None
 
+    real_barrier = c10d.barrier
+
+    def barrier_spy(*args, **kwargs):
+        calls.append({"barrier": True})
+        return real_barrier(*args, **kwargs)
+
     dist.all_reduce = c10d.all_reduce = spy
+    if barriers:
+        dist.barrier = c10d.barrier = barrier_spy
     try:
         yield calls
     finally:
         dist.all_reduce = c10d.all_reduce = real
+        dist.barrier = c10d.barrier = real_barrier
 
 
 class _Done:

@@ -222,9 +222,9 @@ def benchmark_rank(student_module: str, sizes_bytes: Sequence[int], iters: int,
                    warmup: int) -> dict[str, Any]:
     """Rank body of Lab 06's all-reduce benchmark: the student's
     ``allreduce_benchmark(sizes_bytes, iters, warmup)`` with every ``dist.all_reduce`` and
-    ``dist.barrier`` it makes recorded, in order (a wrapper on the ``torch.distributed``
-    module attributes, so calls written ``dist.all_reduce(...)`` are seen; the collectives
-    still run).
+    ``dist.barrier`` it makes recorded, in order
+    (:func:`~perflab.labs.lab06.checks.record_allreduces` with ``barriers=True``: however
+    the function is reached through ``torch.distributed``; the collectives still run).
 
     Args:
         student_module: the module the lab wrote, imported on this rank.
@@ -238,26 +238,12 @@ def benchmark_rank(student_module: str, sizes_bytes: Sequence[int], iters: int,
     Raises:
         whatever the student's function raises.
     """
-    import torch.distributed as dist
-
     student = importlib.import_module(student_module)
-    calls: list[list[Any]] = []
-    real_all_reduce, real_barrier = dist.all_reduce, dist.barrier
-
-    def all_reduce(tensor, *args, **kwargs):
-        calls.append(["all_reduce", int(tensor.numel()), str(tensor.dtype).removeprefix("torch.")])
-        return real_all_reduce(tensor, *args, **kwargs)
-
-    def barrier(*args, **kwargs):
-        calls.append(["barrier", 0, ""])
-        return real_barrier(*args, **kwargs)
-
-    dist.all_reduce, dist.barrier = all_reduce, barrier
-    try:
+    with record_allreduces(barriers=True) as calls:
         rows = student.allreduce_benchmark(list(sizes_bytes), iters, warmup)
-    finally:
-        dist.all_reduce, dist.barrier = real_all_reduce, real_barrier
-    return {"rows": [[int(n), float(t)] for n, t in rows], "calls": calls}
+    return {"rows": [[int(n), float(t)] for n, t in rows],
+            "calls": [["barrier", 0, ""] if c.get("barrier") else
+                      ["all_reduce", int(c["numel"]), c["dtype"]] for c in calls]}
 
 
 def wrapper_table(measured: Sequence[dict[str, Any]], link: SimulatedLink) -> pd.DataFrame:

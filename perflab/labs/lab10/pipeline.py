@@ -33,7 +33,8 @@ import torch
 
 from perflab.core.timing import PerfCounterClock
 
-__all__ = ["Stash", "StageProbe", "P2PTrace", "COLLECTIVES", "in_flight_peak"]
+__all__ = ["Stash", "StageProbe", "CallTrace", "P2PTrace", "COLLECTIVES", "in_flight_peak",
+           "code_of"]
 
 #: ``torch.distributed`` functions that are not point-to-point: a schedule written over
 #: send/recv calls none of them during its step (``barrier`` moves no data: allowed).
@@ -145,11 +146,41 @@ class StageProbe:
             self._t0 = None
 
 
-def _code(fn: Any) -> Any:
-    return getattr(inspect.unwrap(fn), "__code__", None)
+def code_of(fn: Any) -> Any:
+    """The code object of ``fn`` (decorators unwrapped, a bound method's function), or
+    None for a function written in C: what a profile hook's ``frame.f_code`` is compared
+    with."""
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    return getattr(fn, "__code__", None)
 
 
-class P2PTrace:
+class CallTrace:
+    """A context manager that shows every Python call on this thread to ``_on_call(frame)``
+    while open (``sys.setprofile``); a profile function already set (a
+    :func:`~perflab.labs.checking.watch_calls` spy) keeps getting every event, and is
+    set again on exit. Subclasses define ``_on_call``."""
+
+    _outer: Any = None
+
+    def _on_call(self, frame: Any) -> None:
+        raise NotImplementedError
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            self._on_call(frame)
+        if self._outer is not None:
+            self._outer(frame, event, arg)
+
+    def __enter__(self) -> "CallTrace":
+        self._outer = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self._outer)
+
+
+class P2PTrace(CallTrace):
     """While open, on this thread (``sys.setprofile``; gloo's own threads run no Python):
     the ``isend``/``irecv`` calls of ``torch.distributed`` however they are reached, and
     its collectives (:data:`COLLECTIVES`). A profile function already set (a
@@ -169,12 +200,11 @@ class P2PTrace:
         import torch.distributed as dist
 
         self._dist, self._group = dist, group
-        self._p2p = {_code(dist.isend): ("send", "dst"), _code(dist.irecv): ("recv", "src")}
-        self._collective = {_code(getattr(dist, n)): n for n in COLLECTIVES if hasattr(dist, n)}
+        self._p2p = {code_of(dist.isend): ("send", "dst"), code_of(dist.irecv): ("recv", "src")}
+        self._collective = {code_of(getattr(dist, n)): n for n in COLLECTIVES if hasattr(dist, n)}
         self.sends: list[list] = []
         self.recvs: list[list] = []
         self.collectives: list[str] = []
-        self._outer: Any = None
 
     def _peer(self, local: dict, key: str) -> int | None:
         peer = local.get(f"group_{key}")
@@ -186,24 +216,13 @@ class P2PTrace:
                 peer = int(local[key])
         return None if peer is None else int(peer)
 
-    def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            if code in self._p2p:
-                kind, key = self._p2p[code]
-                local = frame.f_locals
-                tensor = local.get("tensor")
-                shape = list(tensor.shape) if torch.is_tensor(tensor) else None
-                (self.sends if kind == "send" else self.recvs).append([self._peer(local, key), shape])
-            elif code in self._collective:
-                self.collectives.append(self._collective[code])
-        if self._outer is not None:
-            self._outer(frame, event, arg)
-
-    def __enter__(self) -> "P2PTrace":
-        self._outer = sys.getprofile()
-        sys.setprofile(self._profile)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sys.setprofile(self._outer)
+    def _on_call(self, frame: Any) -> None:
+        code = frame.f_code
+        if code in self._p2p:
+            kind, key = self._p2p[code]
+            local = frame.f_locals
+            tensor = local.get("tensor")
+            shape = list(tensor.shape) if torch.is_tensor(tensor) else None
+            (self.sends if kind == "send" else self.recvs).append([self._peer(local, key), shape])
+        elif code in self._collective:
+            self.collectives.append(self._collective[code])

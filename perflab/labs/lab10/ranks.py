@@ -32,7 +32,6 @@ launch), where no spy of the notebook's reaches them.
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -44,6 +43,7 @@ from perflab.core.timing import PerfCounterClock
 from perflab.distributed import launch_fn
 from perflab.labs.lab10.comm import count_functional_collectives
 from perflab.labs.lab10.models import mlp_block, pipeline_batch, pipeline_model, tp_tensors
+from perflab.labs.lab10.pipeline import CallTrace, code_of
 
 __all__ = ["import_student", "shard_compute_s", "tp_rank", "pp_rank", "lab10_rank",
            "hand_tp_on_ranks", "pipeline_on_ranks", "check_runs", "pipeline_check_records",
@@ -67,12 +67,7 @@ def _object_at(path: str) -> Any:
         return getattr(_object_at(module), attr)
 
 
-def _code_of(fn: Any) -> Any:
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    return getattr(fn, "__code__", None)
-
-
-class HandTPTrace:
+class HandTPTrace(CallTrace):
     """While open, on this rank (``sys.setprofile``, this thread; CPU autograd runs the
     backward in the calling thread): every ``torch.distributed.all_reduce`` however it is
     reached (an alias, ``distributed_c10d``'s own name), as ``[bytes, own]`` with ``own``
@@ -88,7 +83,7 @@ class HandTPTrace:
         import torch.distributed as dist
 
         self.all_reduces: list[list] = []
-        self._all_reduce = _code_of(dist.all_reduce)
+        self._all_reduce = code_of(dist.all_reduce)
         self._own = set()
         todo = list(torch.autograd.Function.__subclasses__())
         while todo:
@@ -96,31 +91,18 @@ class HandTPTrace:
             todo.extend(cls.__subclasses__())
             if cls.__module__ == module.__name__:
                 for method in ("forward", "backward"):
-                    code = _code_of(cls.__dict__.get(method))
+                    code = code_of(cls.__dict__.get(method))
                     if code is not None:
                         self._own.add(code)
-        self._outer: Any = None
 
-    def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            if code is self._all_reduce:
-                tensor = frame.f_locals.get("tensor")
-                nbytes = tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
-                caller, own = frame.f_back, False
-                while caller is not None and not own:
-                    own, caller = caller.f_code in self._own, caller.f_back
-                self.all_reduces.append([int(nbytes), own])
-        if self._outer is not None:
-            self._outer(frame, event, arg)
-
-    def __enter__(self) -> "HandTPTrace":
-        self._outer = sys.getprofile()
-        sys.setprofile(self._profile)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sys.setprofile(self._outer)
+    def _on_call(self, frame: Any) -> None:
+        if frame.f_code is self._all_reduce:
+            tensor = frame.f_locals.get("tensor")
+            nbytes = tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
+            caller, own = frame.f_back, False
+            while caller is not None and not own:
+                own, caller = caller.f_code in self._own, caller.f_back
+            self.all_reduces.append([int(nbytes), own])
 
 
 def import_student(module: str) -> Any:
