@@ -72,8 +72,11 @@ LABS: tuple[Lab, ...] = (
         "with ranks",
         "09_sharding_and_scaling.ipynb"),
     Lab("10", "Tensor and pipeline parallelism", "How do you split one model's layers "
-        "(tensor parallel) or its stack (pipeline) across ranks, and what does each cost in "
-        "collectives, bytes and idle time?", "10_tensor_and_pipeline_parallelism.ipynb"),
+        "(tensor and sequence parallel: an MLP, then a transformer block, with your own f/g, "
+        "all-gather and reduce-scatter) or its stack (pipeline: GPipe and 1F1B by hand, "
+        "torch's interleaved 1F1B) across ranks, and what does each cost in collectives, "
+        "bytes, messages, activation memory and idle time?",
+        "10_tensor_and_pipeline_parallelism.ipynb"),
 )
 
 

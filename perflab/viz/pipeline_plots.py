@@ -20,7 +20,9 @@ __all__ = ["plot_bubble", "plot_comm_share"]
 def plot_bubble(table: pd.DataFrame, *, title: str = "") -> InlineFigure:
     """Bubble fraction vs micro-batches: ``table`` has columns ``schedule``, ``m``,
     ``bubble_measured`` and ``bubble_formula`` (NaN where no formula was given); an
-    optional ``stages`` column (p) splits the lines by p and names it in the legend.
+    optional ``stages`` column (p) splits the lines by p and names it in the legend, an
+    optional ``virtual`` column (v, stages per rank) draws the formula of each v apart,
+    labelled (p-1)/(v·m+p-1).
 
     Raises:
         ValueError: a missing column or an empty table.
@@ -35,11 +37,13 @@ def plot_bubble(table: pd.DataFrame, *, title: str = "") -> InlineFigure:
         g = g.sort_values("m")
         label = f"{schedule}, measured" + (f", p={int(p)}" if pd.notna(p) else "")
         ax.plot(g["m"], g["bubble_measured"], "o-", label=label)
-    for k, (p, g) in enumerate(table.groupby("stages", sort=True, dropna=False)):
-        formula = g.drop_duplicates("m").sort_values("m")
-        if formula["bubble_formula"].notna().any():
+    table = table if "virtual" in table else table.assign(virtual=1)
+    for k, ((p, v), g) in enumerate(table.groupby(["stages", "virtual"], sort=True, dropna=False)):
+        formula = g.dropna(subset=["bubble_formula"]).drop_duplicates("m").sort_values("m")
+        if not formula.empty:
+            name = "(p-1)/(m+p-1)" if v == 1 else f"(p-1)/(v·m+p-1), v={int(v)}"
             ax.plot(formula["m"], formula["bubble_formula"], ("k--", "k:", "k-.")[k % 3],
-                    label="(p-1)/(m+p-1)" + (f", p={int(p)}" if pd.notna(p) else ""))
+                    label=name + (f", p={int(p)}" if pd.notna(p) else ""))
     ax.set_xscale("log", base=2)
     ms = sorted(int(m) for m in table["m"].unique())
     ax.set_xticks(ms, [str(m) for m in ms])

@@ -43,8 +43,10 @@ from perflab.course.checks import graded_functions, split_check
 
 ROOT = Path(__file__).resolve().parents[2]
 NB = Lab("10")
-GRADED_TESTED = ("check_tp_hand", "check_tp_dtensor", "check_two_d", "check_gpipe_hand",
-                 "check_1f1b_hand", "check_pp_loss", "check_bubble")
+GRADED_TESTED = ("check_tp_hand", "check_tp_dtensor", "check_two_d", "check_tp_block",
+                 "check_sp_hand", "check_sp_dtensor", "check_gpipe_hand",
+                 "check_1f1b_hand", "check_pp_loss", "check_bubble",
+                 "check_interleaved", "check_interleaved_formulas")
 SEEDS = [0, 1, "grade:ada"]
 
 
@@ -186,6 +188,122 @@ TP_NOT_PARALLEL = TP_GOOD.replace(
     '    return parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})',
     "    return block")
 
+#: Issue 35 item 4, the transformer block. Wrong answers: SP with g's all-reduce left in (the
+#: right numbers, the wrong bytes), attention split across heads (rank r keeping every p-th row
+#: of wq/wk/wv: each local "head" mixes parts of several), SP's gather without its
+#: reduce-scatter backward (the gradients), and the hand-written block built by
+#: parallelize_module (delegated). Honest: the list collectives (all_gather, reduce_scatter)
+#: and the deprecated tensor names, weights split with torch.chunk.
+_RS = ("        full = {}.transpose(0, 1).contiguous()           # (S, B, d) partial sums, the sequence first\n"
+       "        out = full.new_empty((full.shape[0] // dist.get_world_size(),) + full.shape[1:])\n"
+       "        dist.reduce_scatter_single(out, full)           # summed over ranks, my rows r·S/p ...\n"
+       "        return out.transpose(0, 1)                      # (B, S/p, d)\n")
+_RS_FORWARD, _GATHER_BACKWARD = _RS.format("x"), _RS.format("grad")
+_HEAD_ROWS = "        mine = slice(rank * width, (rank + 1) * width)\n"
+_SP_BLOCK = TP_GOOD[TP_GOOD.index("class ShardedBlock("):TP_GOOD.index("def parallel_block(")]
+WRONG_SP = {
+    "sp_all_reduce_left_in": TP_GOOD.replace(_RS_FORWARD, (
+        "        x = x.contiguous().clone()\n"
+        "        dist.all_reduce(x)               # g as in TP, then keep my positions\n"
+        "        size = x.shape[1] // dist.get_world_size()\n"
+        "        return x[:, dist.get_rank() * size:(dist.get_rank() + 1) * size].contiguous()\n")),
+    "attention_split_across_heads": TP_GOOD.replace(
+        _HEAD_ROWS, "        mine = torch.arange(rank, d, world_size)     # every p-th row\n"),
+    "sp_gather_without_its_backward": TP_GOOD.replace(_GATHER_BACKWARD, (
+        "        size = grad.shape[1] // dist.get_world_size()\n"
+        "        return grad[:, dist.get_rank() * size:(dist.get_rank() + 1) * size]\n")),
+    "block_by_parallelize_module": TP_GOOD.replace(_SP_BLOCK, '''class ShardedBlock(torch.nn.Module):
+    def __init__(self, block, rank, world_size, sequence_parallel=False):
+        super().__init__()
+        from torch.distributed.device_mesh import init_device_mesh
+        self.inner = parallel_block(block, init_device_mesh("cpu", (world_size,)))
+        self.ln1, self.ln2, self.drop1, self.drop2 = block.ln1, block.ln2, block.drop1, block.drop2
+        self.attn, self.mlp = block.attn, block.mlp
+
+    def forward(self, x):
+        y = self.inner(x)
+        return y.to_local() if hasattr(y, "to_local") else y
+
+
+'''),
+}
+SP_HONEST = TP_GOOD[:TP_GOOD.index("class GatherFromSequence(")] + '''def _gather(x):
+    """(B, S/p, d) -> (B, S, d) with the list all-gather."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=1)
+
+
+def _scatter(x):
+    """(B, S, d) partial sums -> my (B, S/p, d), with the deprecated tensor form."""
+    p = dist.get_world_size()
+    full = x.permute(1, 0, 2).contiguous()
+    out = torch.empty((full.shape[0] // p,) + tuple(full.shape[1:]))
+    dist.reduce_scatter_tensor(out, full)
+    return out.permute(1, 0, 2)
+
+
+class GatherFromSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _gather(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p = dist.get_world_size()
+        parts = [c.contiguous() for c in grad.chunk(p, dim=1)]
+        out = torch.empty_like(parts[0])
+        dist.reduce_scatter(out, parts)
+        return out
+
+
+class ReduceScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _scatter(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad)
+
+
+class ShardedAttention(torch.nn.Module):
+    def __init__(self, attn, rank, world_size):
+        super().__init__()
+        d = attn.wq.in_features
+        self.hd, self.causal = attn.head_dim, attn.causal
+        for name in ("wq", "wk", "wv"):
+            full = getattr(attn, name)
+            lin = torch.nn.Linear(d, d // world_size)
+            lin.weight.data = full.weight.detach().chunk(world_size, dim=0)[rank].clone()
+            lin.bias.data = full.bias.detach().chunk(world_size, dim=0)[rank].clone()
+            setattr(self, name, lin)
+        self.wo = torch.nn.Linear(d // world_size, d)
+        self.wo.weight.data = attn.wo.weight.detach().chunk(world_size, dim=1)[rank].clone()
+        self.wo.bias.data = attn.wo.bias.detach().clone()
+
+    def partial(self, x):
+        b, s, _ = x.shape
+        heads = [w(x).reshape(b, s, -1, self.hd).permute(0, 2, 1, 3) for w in (self.wq, self.wk, self.wv)]
+        o = F.scaled_dot_product_attention(*heads, is_causal=self.causal)
+        return o.permute(0, 2, 1, 3).reshape(b, s, -1) @ self.wo.weight.t()
+
+    def forward(self, x):
+        return ReduceFromParallel.apply(self.partial(CopyToParallel.apply(x))) + self.wo.bias
+
+
+''' + TP_GOOD[TP_GOOD.index("class ShardedBlock("):]
+#: Exercise 8 answered with the plain TP plan (no SequenceParallel, no Shard(1)): the
+#: ranks feed it their positions, so attention sees only those and all-reduces run.
+SP_TP_PLAN = TP_GOOD[:TP_GOOD.index("def parallel_block(")] + '''def parallel_block(block, mesh):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    return parallelize_module(block, mesh, {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
+                                            "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(),
+                                            "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()})
+'''
+LAB_BLOCK_CASES = [{"d": 16, "heads": 4, "batch": 2, "seq": 8, "seed": 3, "dropout": 0.0},
+                   {"d": 8, "heads": 4, "batch": 1, "seq": 4, "seed": 5, "dropout": 0.1}]
+
 PP_GOOD = _file("pp_file")
 #: An honest pipeline written differently: isend/irecv instead of batch_isend_irecv, its
 #: own split arithmetic, and 1F1B in torch's convention (min(m, p - s) warm-up forwards,
@@ -195,6 +313,7 @@ PP_HONEST = '''
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
 
 
 def split_model(model, num_stages):
@@ -300,6 +419,14 @@ def build_schedule(stage_module, rank, world_size, n_microbatches, schedule, gro
     return cls(stage, n_microbatches=n_microbatches, loss_fn=torch.nn.functional.cross_entropy)
 
 
+def build_interleaved_schedule(stages, rank, world_size, n_microbatches, group=None):
+    # the looped placement by slicing; the schedule from its own module path
+    v = len(stages) // world_size
+    own = [PipelineStage(mod, rank + k * world_size, v * world_size, torch.device("cpu"), group=group)
+           for k, mod in enumerate(stages[rank::world_size])]
+    return ScheduleInterleaved1F1B(own, n_microbatches, loss_fn=torch.nn.functional.cross_entropy)
+
+
 def pipeline_step(schedule, rank, world_size, x, y):
     losses = []
     kwargs = {"target": y, "losses": losses} if rank == world_size - 1 else {}
@@ -315,7 +442,15 @@ WRONG_PP = {   # torch's schedules through build_schedule / pipeline_step (check
         "    return torch.stack(losses).sum().item() if losses else None\n"),
     # takes the group but builds the stage over all ranks: a 2-stage pipeline inside the
     # lab's 4-rank launch fails (PipelineStage refuses a group larger than its stages)
-    "group_not_passed": PP_GOOD.replace(', torch.device("cpu"), group=group)', ', torch.device("cpu"))'),
+    # (in build_schedule only: its first occurrence; build_interleaved_schedule keeps its group)
+    "group_not_passed": PP_GOOD.replace(', torch.device("cpu"), group=group)', ', torch.device("cpu"))', 1),
+}
+#: torch's interleaved schedule over the wrong stages (check_interleaved): each rank v
+#: neighbouring stages (rank s: s·v .. s·v + v - 1) instead of the looped s, s + p, ...
+WRONG_INTERLEAVED = {
+    "contiguous_placement": PP_GOOD.replace(
+        "            for i in range(rank, len(stages), world_size)]",
+        "            for i in range(rank * (len(stages) // world_size), (rank + 1) * (len(stages) // world_size))]"),
 }
 #: wrong only where a 2-stage pipeline runs inside 4 ranks (its 4-stage runs pass)
 PP_WRONG_ON_4_RANKS_ONLY = ("group_not_passed",)
@@ -362,7 +497,7 @@ def gpipe_step(stage_module, microbatches, targets, loss_fn, group, stash):
     "even_split_only": (PP_GOOD.replace(_SPLIT, (
         "    k = len(model) // num_stages\n"
         "    return [model[s * k:(s + 1) * k] for s in range(num_stages)]\n")),
-        {"check_gpipe_hand", "check_1f1b_hand", "check_pp_loss"}, "split_model gave"),
+        {"check_gpipe_hand", "check_1f1b_hand", "check_pp_loss", "check_interleaved"}, "split_model gave"),
     # torch's schedule run inside gpipe_step (the stash filled for show): right numbers
     "gpipe_by_torch": (_with_function(PP_GOOD, "gpipe_step", """
 def gpipe_step(stage_module, microbatches, targets, loss_fn, group, stash):
@@ -384,10 +519,12 @@ PP_DEADLOCK = PP_GOOD.replace(
 
 
 def test_variants_differ_from_the_solution():
-    for name, text in {**WRONG_TP, **WRONG_DP, "not_parallel": TP_NOT_PARALLEL}.items():
+    for name, text in {**WRONG_TP, **WRONG_DP, "not_parallel": TP_NOT_PARALLEL, **WRONG_SP,
+                       "sp_honest": SP_HONEST, "sp_tp_plan": SP_TP_PLAN}.items():
         assert text != TP_GOOD, name
     hand = {name: text for name, (text, _, _) in WRONG_HAND.items()}
-    for name, text in {**WRONG_PP, **hand, "deadlock": PP_DEADLOCK, "honest": PP_HONEST}.items():
+    for name, text in {**WRONG_PP, **hand, **WRONG_INTERLEAVED, "deadlock": PP_DEADLOCK,
+                       "honest": PP_HONEST}.items():
         assert text != PP_GOOD, name
 
 
@@ -398,10 +535,13 @@ def _jobs_rank(jobs):
 
     out = []
     for kind, module, payload, *kwargs in jobs:
-        if kind == "tp":
-            out.append(tp_rank(payload, module, False))
+        if kind == "tp":   # check_tp_hand's hidden case: the MLP cases and (maybe) the blocks'
+            blocks = payload["blocks"]["cases"] if kwargs and kwargs[0] else []
+            out.append(tp_rank(payload["cases"], module, False, block_cases=blocks))
         elif kind == "two_d":
             out.append(tp_rank(payload, module, True, two_d=True))
+        elif kind == "block4":   # the lab's 4-rank launch, its block cases only
+            out.append(tp_rank([], module, True, block_cases=payload))
         else:
             out.append(pp_rank(payload, module, **(kwargs[0] if kwargs else {})))
     return out
@@ -434,13 +574,19 @@ def launched(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("lab10_students")
     files = {"tp_good": TP_GOOD, "tp_honest": TP_HONEST,
-             **{f"tp_{k}": v for k, v in WRONG_TP.items()}}
+             **{f"tp_{k}": v for k, v in WRONG_TP.items()},
+             "tp_sp_honest": SP_HONEST, **{f"tp_{k}": v for k, v in WRONG_SP.items()}}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
     jobs, keys = [], []
     for name in files:
         for seed in SEEDS:
-            jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0]["cases"]))
+            # the blocks only where a test judges them (each costs launch time)
+            blocks = name == "tp_good" or (name[3:] in WRONG_SP and seed == "grade:ada") or (
+                name == "tp_sp_honest" and seed == 1)
+            if name[3:] in WRONG_SP and seed != "grade:ada" or name == "tp_sp_honest" and seed != 1:
+                continue
+            jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0], blocks))
             keys.append((name, seed))
     here = os.getcwd()
     os.chdir(folder)   # the ranks import the students' files from their working folder
@@ -467,11 +613,17 @@ def launched4(tmp_path_factory):
     files = {"tp_good": TP_GOOD, "tp_honest": TP_HONEST, "tp_not_parallel": TP_NOT_PARALLEL,
              **{f"tp_{k}": v for k, v in WRONG_DP.items()},
              "pp_good": PP_GOOD, "pp_honest": PP_HONEST, **{f"pp_{k}": v for k, v in WRONG_PP.items()},
-             **{f"pp_{k}": v for k, (v, _, _) in WRONG_HAND.items()}, "pp_deadlock": PP_DEADLOCK}
+             **{f"pp_{k}": v for k, (v, _, _) in WRONG_HAND.items()}, "pp_deadlock": PP_DEADLOCK,
+             **{f"pp_{k}": v for k, v in WRONG_INTERLEAVED.items()}, "sp_tp_plan": SP_TP_PLAN}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
     jobs, keys = [], []
     for name in files:
+        if name in ("tp_good", "sp_tp_plan"):   # the lab's block cases: Exercise 8's records
+            jobs.append(("block4", name, LAB_BLOCK_CASES))
+            keys.append((f"block4_{name}", None))
+        if name == "sp_tp_plan":
+            continue
         if name.startswith("tp_"):
             jobs.append(("two_d", name, LAB_TP_CASES))
             keys.append((name, None))
@@ -706,7 +858,7 @@ def test_2d_accounting_written_for_tp_2_only_fails():
 
 
 # -- the pipeline checks: check_gpipe_hand's launch, shared by check_1f1b_hand and check_pp_loss ----
-PP_CHECKS = ("check_gpipe_hand", "check_1f1b_hand", "check_pp_loss")
+PP_CHECKS = ("check_gpipe_hand", "check_1f1b_hand", "check_pp_loss", "check_interleaved")
 
 
 def _judge_pp(monkeypatch, launched4, variant: str, seed, ranks=None) -> dict:
@@ -774,6 +926,39 @@ def test_wrong_torch_pipeline_fails(name, launched4, monkeypatch):
 
 
 @slow
+@pytest.mark.parametrize("name", sorted(WRONG_INTERLEAVED))
+def test_wrong_interleaved_placement_fails_its_check_only(name, launched4, monkeypatch):
+    """Each rank running v neighbouring stages (the same blocks per rank, other blocks)
+    fails check_interleaved on the gradients or the stages it names; the other pipeline
+    checks, on the same launch, pass."""
+    verdicts = _judge_pp(monkeypatch, launched4, f"pp_{name}", WRONG_HAND_SEED)
+    _fails_on_a_hidden_case(verdicts["check_interleaved"])
+    assert "rank 0" in verdicts["check_interleaved"].message, verdicts["check_interleaved"].message
+    assert all(v.passed for gid, v in verdicts.items() if gid != "check_interleaved"), verdicts
+
+
+@slow
+def test_the_ranks_count_torchs_interleaved_messages(launched4):
+    """What p2p_messages is compared with in the lab: the sends the ranks count in torch's
+    ScheduleInterleaved1F1B's recorded step are 2·m·(p·v - 1) over the ranks, rank s
+    holding stages s, s + p, ... (their sizes in order), its ops labelled by stage."""
+    from perflab.course.references.lab10 import stage_blocks
+
+    for seed in SEEDS:
+        for k, run in enumerate(_pp_runs(seed)):
+            if run["schedule"] != "torch_interleaved":
+                continue
+            p, v, m = run["stages"], run["virtual"], run["m"]
+            recs = launched4["pp_good"][seed][:p]
+            assert sum(len(r[k]["sends"]) for r in recs) == 2 * m * (p * v - 1), run
+            split = stage_blocks(run["blocks"], p * v)
+            for s, r in enumerate(recs):
+                assert r[k]["stage_layers"] == [len(split[c]) for c in range(s, p * v, p)]
+                assert {op.split(":")[0] for op in r[k]["order"]} == {f"S{c}" for c in range(s, p * v, p)}
+                assert len(r[k]["order"]) == 2 * m * v
+
+
+@slow
 def test_a_deadlocking_1f1b_fails_after_the_timeout_and_is_not_run_again(launched4):
     """A 1F1B whose steady state waits for each send before posting its receive deadlocks
     (gloo's send completes when the peer receives): its first run fails on the group's
@@ -789,8 +974,9 @@ def test_a_deadlocking_1f1b_fails_after_the_timeout_and_is_not_run_again(launche
     from perflab.course.references.lab10 import judge_pipeline
     from perflab.labs.lab10.ranks import _CHECK_KEYS
     configs = _hidden("check_gpipe_hand", 0)[0]["configs"]
+    plain = [c for c in configs if c["torch"] != "interleaved"]   # check_runs: these first, 3 runs each
     judge_pipeline("gpipe", configs, [[{key: r[3 * c][key] for key in _CHECK_KEYS if key in r[3 * c]}
-                                       for r in records] for c in range(len(configs))])
+                                       for r in records] for c in range(len(plain))])
 
 
 @slow
@@ -818,7 +1004,15 @@ def test_pipeline_hidden_configs_cover_what_the_checks_claim(seed):
     from perflab.labs.lab10.ranks import check_runs
 
     (case,) = _hidden("check_gpipe_hand", seed)
-    configs = case["configs"]
+    inter = [c for c in case["configs"] if c["torch"] == "interleaved"]
+    configs = [c for c in case["configs"] if c["torch"] != "interleaved"]
+    assert case["configs"][:len(configs)] == configs   # the interleaved ones last
+    # torch's interleaved 1F1B on 2 and 4 ranks, 2 stages each, a depth that is not a
+    # multiple of the stages, an m its rounds divide (ScheduleInterleaved1F1B's rule)
+    assert sorted(c["stages"] for c in inter) == [2, 4] and all(c["virtual"] == 2 for c in inter)
+    assert all(c["blocks"] > 2 * c["stages"] and c["blocks"] % (2 * c["stages"])
+               and c["m"] % max(1, c["m"] // c["stages"]) == 0 and c["batch"] % c["m"] == 0 for c in inter)
+    assert [r["schedule"] for r in check_runs(inter)] == ["torch_interleaved"] * 2
     assert {(c["torch"], c["stages"]) for c in configs} == {(s, p) for s in ("gpipe", "1f1b") for p in (2, 4)}
     assert all(any(c["blocks"] % p for c in configs if c["stages"] == p) for p in (2, 4))
     assert all(c["stages"] <= c["m"] and c["blocks"] >= c["stages"] and c["batch"] % c["m"] == 0
@@ -854,7 +1048,7 @@ def test_schedule_order_is_the_order_torch_runs(launched4):
 
     for seed in SEEDS:
         for k, run in enumerate(_pp_runs(seed)):
-            if not run["schedule"].startswith("torch_"):
+            if not run["schedule"].startswith("torch_") or run["schedule"] == "torch_interleaved":
                 continue
             kind, p, m = run["schedule"][len("torch_"):], run["stages"], run["m"]
             for s, r in enumerate(launched4["pp_good"][seed][:p]):
@@ -931,16 +1125,189 @@ def test_swapped_formula_passes_the_examples_only_where_p_equals_m():
         assert all(p != m for p, m in draw_cases(cases_fn, seed))
 
 
+# -- the transformer block: check_tp_block, check_sp_hand (check_tp_hand's launch), check_sp_dtensor --
+BLOCK_CHECKS = ("check_tp_block", "check_sp_hand")
+
+
+def _judge_blocks(monkeypatch, launched, variant: str, seed) -> dict:
+    """check_tp_hand graded on ``variant``'s records (its launch keeps the block records, as in
+    the sandbox), then the block checks after it: {grade_id: verdict}."""
+    out = {"check_tp_hand": _judge_launched(monkeypatch, launched, "check_tp_hand", variant, seed)}
+    for gid in BLOCK_CHECKS:
+        out[gid] = NB.judge({"__name__": "__main__"}, gid, seed=seed)
+    return out
+
+
+@slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_block_checks_reference_passes(seed, launched, monkeypatch):
+    for gid, verdict in _judge_blocks(monkeypatch, launched, "tp_good", seed).items():
+        assert verdict.passed, (gid, verdict.message)
+
+
+@slow
+def test_block_checks_honest_variant_passes(launched, monkeypatch):
+    """List all-gather and reduce-scatter, the deprecated tensor name, torch.chunk splits."""
+    for gid, verdict in _judge_blocks(monkeypatch, launched, "tp_sp_honest", 1).items():
+        assert verdict.passed, (gid, verdict.message)
+
+
+#: wrong block -> (the check that fails, what its message names, the check that still passes)
+WRONG_SP_FAILS = {"sp_all_reduce_left_in": ("check_sp_hand", "all-reduce", "check_tp_block"),
+                  "attention_split_across_heads": ("check_tp_block", "output", "check_tp_hand"),
+                  "sp_gather_without_its_backward": ("check_sp_hand", "dL/dx", "check_tp_block"),
+                  "block_by_parallelize_module": ("check_sp_hand", "parallelize_module", "check_tp_hand")}
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(WRONG_SP))
+def test_wrong_block_fails(name, launched, monkeypatch):
+    verdicts = _judge_blocks(monkeypatch, launched, f"tp_{name}", "grade:ada")
+    gid, phrase, unharmed = WRONG_SP_FAILS[name]
+    _fails_on_a_hidden_case(verdicts[gid])
+    assert phrase in verdicts[gid].message, verdicts[gid].message
+    assert verdicts[unharmed].passed, verdicts[unharmed].message
+
+
+@slow
+def test_block_checks_judge_only_the_sealed_cases(launched, monkeypatch):
+    """The block checks read check_tp_hand's launch: cases changed after it fail the seal, and
+    without that launch the records are refused."""
+    import perflab.labs.lab10.ranks as ranks
+
+    _judge_launched(monkeypatch, launched, "check_tp_hand", "tp_good", 0)
+    ranks._BLOCK_LAUNCH["cases"] = json.loads(json.dumps(ranks._BLOCK_LAUNCH["cases"]))
+    ranks._BLOCK_LAUNCH["cases"][0]["seq"] += 2
+    verdict = NB.judge({"__name__": "__main__"}, "check_sp_hand", seed=0)
+    assert not verdict.passed and "tampered" in verdict.message, verdict.message
+    monkeypatch.setattr(ranks, "_BLOCK_LAUNCH", {})
+    with pytest.raises(RuntimeError, match="Exercise 1"):
+        ranks.block_check_records("sp")
+    with pytest.raises(ValueError, match="mode"):
+        ranks.block_check_records("dp")
+
+
+def _sp_dtensor_ns(launched4, variant: str) -> dict:
+    import torch
+
+    from perflab.labs.lab10.models import tp_tensors, transformer_block
+
+    return {"__name__": "__main__", "torch": torch, "TP_BLOCK_CASES": LAB_BLOCK_CASES, "TP_WORLD": 4,
+            "tp_tensors": tp_tensors, "transformer_block": transformer_block,
+            "tp_runs": json.loads(json.dumps(launched4[f"block4_{variant}"]))}
+
+
+@slow
+def test_sp_dtensor_reference_passes_and_the_tp_plan_fails(launched4):
+    """Exercise 8 graded on the lab's 4-rank records; the plain TP plan fed sequence shards
+    (attention over a rank's positions only, all-reduces) fails."""
+    from perflab.labs.lab10.comm import wire_bytes
+
+    ns = dict(_sp_dtensor_ns(launched4, "tp_good"), wire_bytes=wire_bytes)
+    for gid in ("check_tp_block", "check_sp_hand"):   # the visible self-checks on the lab's cases
+        NB.run_code(dict(ns), split_check(NB.cells[gid]).probe)
+    assert NB.judge(ns, "check_sp_dtensor", seed=0).passed
+    _fails_on_a_hidden_case(NB.judge(_sp_dtensor_ns(launched4, "sp_tp_plan"), "check_sp_dtensor", seed=0))
+
+
+def test_the_block_pieces_measure_what_they_say_and_reject_bad_input():
+    """wire_bytes is nccl-tests' bus bytes; SavedActivationBytes counts a LayerNorm's input,
+    mean and rstd and a dropout's mask, not parameters; the block and the judge refuse bad
+    input."""
+    import torch
+
+    from perflab.course.references.lab10 import block_reference, judge_block
+    from perflab.labs.lab10.comm import wire_bytes
+    from perflab.labs.lab10.models import transformer_block
+    from perflab.labs.lab10.sp import SavedActivationBytes, block_param
+
+    assert wire_bytes("all_reduce", 100, 4) == 150 == 2 * wire_bytes("all_gather", 100, 4)
+    assert wire_bytes("reduce_scatter", 100, 1) == 0
+    for bad in (("broadcast", 1, 2), ("all_reduce", 1, 0), ("all_reduce", -1, 2)):
+        with pytest.raises(ValueError):
+            wire_bytes(*bad)
+    for d, heads in ((6, 4), (0, 1)):
+        with pytest.raises(ValueError, match="heads"):
+            transformer_block(d, heads)
+    with pytest.raises(ValueError, match="dropout"):
+        transformer_block(8, 2, dropout=1.0)
+    block = transformer_block(8, 2, seed=1, dropout=0.5)
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    with SavedActivationBytes([block.ln1, block.drop1]) as saved:
+        block(x)
+    assert sorted(saved.shapes) == [[2, 3, 1], [2, 3, 1], [2, 3, 8], [2, 3, 8]], saved.shapes
+    assert saved.nbytes == 4 * (2 * 6 + 2 * 48)
+    assert block_param(block, "mlp.fc1.weight") is block.mlp[0].weight
+    with pytest.raises(AttributeError, match="wz"):
+        block_param(block, "attn.wz.weight")
+    case = {"d": 8, "heads": 2, "batch": 1, "seq": 2, "seed": 0, "dropout": 0.0}
+    assert block_reference(case)["saved_bytes"] == 2 * 4 * (16 + 2 + 2)   # two LayerNorms, p = 0: no mask
+    with pytest.raises(ValueError, match="mode"):
+        judge_block("dp", [case], [])
+    with pytest.raises(AssertionError, match="records of 1 block cases"):
+        judge_block("sp", [case], "forged")
+
+
 # -- the real lab, graded in the sandbox -------------------------------------------------------------
+# -- check_interleaved_formulas --------------------------------------------------------------------
+def _interleaved_ns(code: str | None = None) -> dict:
+    ns = {"__name__": "__main__"}
+    NB.run_code(ns, code or NB.solution("interleaved_formulas"))
+    return ns
+
+
+WRONG_INTERLEAVED_FORMULAS = {
+    # the plain pipeline's bubble: v ignored
+    "bubble_without_v": "def interleaved_bubble_fraction(p, m, v):\n    return (p - 1) / (m + p - 1)\n",
+    # Narayanan's bubble over the ideal step (t_pb / t_id), not the idle share of the step
+    "bubble_over_ideal": "def interleaved_bubble_fraction(p, m, v):\n    return (p - 1) / (v * m)\n",
+    # v sends per boundary of the plain pipeline: p·v - v, not p·v - 1 boundaries
+    "messages_v_per_boundary": "def p2p_messages(p, m, v):\n    return 2 * m * (p - 1) * v\n",
+    # the activations only, no gradient sent back
+    "messages_forward_only": "def p2p_messages(p, m, v):\n    return m * (p * v - 1)\n",
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_interleaved_formulas_reference_passes(seed):
+    verdict = NB.judge(_interleaved_ns(), "check_interleaved_formulas", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_interleaved_formulas_honest_variant_passes():
+    honest = ("from fractions import Fraction\n\n"
+              "def interleaved_bubble_fraction(p, m, v):\n"
+              "    slots = Fraction(p - 1, v)           # the fill and drain, in whole-stage slots\n"
+              "    return float(slots / (m + slots))\n\n"
+              "def p2p_messages(p, m, v):\n"
+              "    boundaries = sum(1 for stage in range(p * v - 1))\n"
+              "    return m * boundaries + m * boundaries\n")
+    assert NB.judge(_interleaved_ns(honest), "check_interleaved_formulas", seed=1).passed
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_INTERLEAVED_FORMULAS))
+def test_wrong_interleaved_formula_fails(name):
+    ns = _interleaved_ns()
+    NB.run_code(ns, WRONG_INTERLEAVED_FORMULAS[name])
+    verdict = NB.judge(ns, "check_interleaved_formulas")
+    assert not verdict.passed, name
+
+
 @slow
 def test_lab10_graded_in_the_sandbox(tmp_path):
     """The real Lab 10 graded as a submission: the %%writefile answers are written in the
     sandbox's scratch folder and imported by the ranks the checks start; every other
-    answer is the reference's and passes; a block missing f's backward all-reduce loses check_tp_hand only."""
+    answer is the reference's and passes; a file missing f's backward all-reduce loses
+    check_tp_hand and check_tp_block (the block's f is the same Function) and nothing else:
+    the sequence-parallel block (no f) passes its check, which reads the block records that
+    check_tp_hand's one launch kept, sealed, in the sandbox's kernel."""
     g, wrong = grade_wrong(NB.path, tmp_path, "tp_file", _NO_F, "        return grad\n")
     assert g.max_points == notebook_points(NB.path) > 0
-    assert wrong["check_tp_hand"].status == "failed" and wrong["check_tp_hand"].points == 0
-    assert all(c.status == "passed" for gid, c in wrong.items() if gid != "check_tp_hand")
+    failed = {"check_tp_hand", "check_tp_block"}
+    for gid in failed:
+        assert wrong[gid].status == "failed" and wrong[gid].points == 0, (gid, wrong[gid])
+    assert all(c.status == "passed" for gid, c in wrong.items() if gid not in failed)
+    assert wrong["check_sp_hand"].points == 4
 
 
 # -- the notebook's texts -------------------------------------------------------------------------
@@ -1114,7 +1481,7 @@ def test_pipeline_check_records_needs_a_launch_and_a_known_schedule(monkeypatch)
 
     monkeypatch.setattr(lab10_ranks, "_CHECK_LAUNCH", {})
     with pytest.raises(ValueError, match="schedule must be"):
-        lab10_ranks.pipeline_check_records(None, "interleaved")
+        lab10_ranks.pipeline_check_records(None, "zero_bubble")
     with pytest.raises(RuntimeError, match="no graded pipeline launch"):
         lab10_ranks.pipeline_check_records(None, "1f1b")
 

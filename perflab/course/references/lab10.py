@@ -1,6 +1,8 @@
 """Lab 10's references, grader-only: the unsharded tensor-parallel block's output and
-gradients, the unsplit pipeline's loss and gradients, the stage split, the per-stage op
-order torch's schedules run and the activations each keeps in flight (what the judges of
+gradients, the unsharded transformer block's (with the activation bytes its LayerNorms
+and dropouts keep) and the judges of its tensor- and sequence-parallel splits, the
+unsplit pipeline's loss and gradients, the stage split, the per-stage op order torch's
+schedules run and the activations each keeps in flight (what the judges of
 the hand-written TP and pipeline exercises compare with), and the seal that lets the
 pipeline checks after the first judge the configs the first one drew."""
 from __future__ import annotations
@@ -16,7 +18,8 @@ import torch
 from perflab.labs.lab10.models import mlp_block, pipeline_batch, pipeline_model, tp_tensors
 
 __all__ = ["tp_reference", "pipeline_reference_loss", "pipeline_reference", "stage_blocks",
-           "schedule_order", "stash_peak", "seal", "is_sealed", "judge_pipeline"]
+           "schedule_order", "stash_peak", "seal", "is_sealed", "judge_pipeline",
+           "block_reference", "judge_block", "judge_dtensor_block"]
 
 #: This grading process's key for :func:`seal` (never leaves the grader: the sandbox has
 #: no ``perflab.course.references``).
@@ -176,22 +179,34 @@ def judge_pipeline(schedule: str, configs: list[dict], records: Any) -> None:
     sent m activations of its micro-batches' shape to s + 1 and m gradients of that shape
     to s - 1, and nothing else; no collective and no torch pipelining ran in the step.
 
+    ``"interleaved"`` (torch's ``ScheduleInterleaved1F1B`` through the student's
+    ``build_interleaved_schedule``): the model split into ``p·v`` stages, rank s holding
+    stages ``s, s + p, ...`` (Narayanan et al. 2021, §2.2.2), and the loss and each
+    rank's gradients (its stages in order) the unsplit model's.
+
     Args:
-        schedule: ``"gpipe"``, ``"1f1b"`` (the student's) or ``"torch"`` (the config's
-            ``"torch"`` schedule through their ``build_schedule``).
-        configs: the configs (``{"stages", "m", "width", "blocks", "batch", "seed",
-            "torch"}``).
-        records: ``[config][rank]`` records.
+        schedule: ``"gpipe"``, ``"1f1b"`` (the student's), ``"torch"`` (the config's
+            ``"torch"`` schedule through their ``build_schedule``) or ``"interleaved"``.
+        configs: all the configs drawn (``{"stages", "m", "width", "blocks", "batch",
+            "seed", "torch"}``, and ``"virtual"`` where ``"torch"`` is
+            ``"interleaved"``); the schedule judges those
+            :func:`~perflab.labs.lab10.ranks.judged_by` gives it.
+        records: ``[config][rank]`` records of those configs, in order.
 
     Raises:
         AssertionError: the first property that does not hold, with what was found.
     """
+    from perflab.labs.lab10.ranks import judged_by
+
+    configs = [c for c in configs if judged_by(c, schedule)]
     assert isinstance(records, list) and len(records) == len(configs), (
         f"records of {len(configs)} runs expected, got {type(records).__name__}")
     for config, recs in zip(configs, records):
         p, m, width = config["stages"], config["m"], config["width"]
+        v = int(config.get("virtual", 1)) if schedule == "interleaved" else 1
         kind = config["torch"] if schedule == "torch" else schedule
-        where = (f"{'torch ' if schedule == 'torch' else ''}{kind}, p={p}, m={m}, "
+        where = (f"{'torch ' if schedule in ('torch', 'interleaved') else ''}{kind}, p={p}, "
+                 + (f"v={v}, " if v > 1 else "") + f"m={m}, "
                  f"{config['blocks']} blocks, width {width}, seed {config['seed']}")
         assert isinstance(recs, list) and len(recs) >= p and all(isinstance(r, dict) for r in recs), (
             f"{where}: records of {p} ranks expected")
@@ -200,14 +215,23 @@ def judge_pipeline(schedule: str, configs: list[dict], records: Any) -> None:
         assert not any(r.get("idle") for r in recs[:p]) and all(r.get("idle") for r in recs[p:]), (
             f"{where}: a {p}-stage pipeline runs on ranks 0..{p - 1}")
         ref = pipeline_reference(width, config["blocks"], config["batch"], config["seed"], m)
-        split = stage_blocks(config["blocks"], p)
+        split = stage_blocks(config["blocks"], p * v)
         rows = config["batch"] // m
         for s, rec in enumerate(recs[:p]):
-            assert rec.get("stages") == p and rec.get("stage_layers") == len(split[s]), (
-                f"{where}: split_model gave {rec.get('stages')} stages, stage {s} holding "
-                f"{rec.get('stage_layers')} blocks; {p} stages of {[len(r) for r in split]} "
-                "blocks expected (as even as they go, the first ones one longer)")
-            if schedule != "torch":
+            mine = range(s, p * v, p)   # the looped placement: stages s, s + p, ...
+            if v > 1:
+                assert rec.get("stages") == p and rec.get("virtual") == v and rec.get(
+                    "stage_layers") == [len(split[c]) for c in mine], (
+                    f"{where}: split_model gave rank {s} stages of {rec.get('stage_layers')} "
+                    f"blocks ({rec.get('stages')} ranks x {rec.get('virtual')}); {p * v} stages "
+                    f"of {[len(r) for r in split]} blocks expected, rank {s} holding stages "
+                    f"{list(mine)}")
+            else:
+                assert rec.get("stages") == p and rec.get("stage_layers") == len(split[s]), (
+                    f"{where}: split_model gave {rec.get('stages')} stages, stage {s} holding "
+                    f"{rec.get('stage_layers')} blocks; {p} stages of {[len(r) for r in split]} "
+                    "blocks expected (as even as they go, the first ones one longer)")
+            if schedule not in ("torch", "interleaved"):
                 assert rec.get("delegated") == [], (
                     f"{where}: stage {s} ran {rec.get('delegated')}: torch's pipelining schedule, "
                     "not one written over send/recv")
@@ -222,12 +246,14 @@ def judge_pipeline(schedule: str, configs: list[dict], records: Any) -> None:
                     f"{ref['loss']!r} (the mean of the micro-batches' losses)")
             else:
                 assert losses[0] is None, f"{where}: stage {s} returned a loss ({losses[0]!r})"
-            want = [g for b in split[s] for g in ref["grads"][b]]
+            want = [g for c in mine for b in split[c] for g in ref["grads"][b]]
             got = rec.get("grads")
             assert isinstance(got, list) and len(got) == len(want) and all(
                 _close(g, w) for g, w in zip(got, want)), (
-                f"{where}: stage {s}'s parameter gradients differ from the unsplit model's "
+                f"{where}: rank {s}'s parameter gradients differ from the unsplit model's "
                 "(and ScheduleGPipe's) on the same micro-batches")
+            if schedule == "interleaved":
+                continue   # torch's own op order and messages: the loss and gradients suffice
             order = rec.get("order")
             if kind == "gpipe":
                 ok = (isinstance(order, list) and order[:m] == [f"F{i}" for i in range(m)]
@@ -258,3 +284,189 @@ def judge_pipeline(schedule: str, configs: list[dict], records: Any) -> None:
             assert bwd == ([shape] * m if s > 0 else []), (
                 f"{where}: stage {s} sent {len(bwd)} gradient(s) back to stage {s - 1}; "
                 f"{m if s > 0 else 0} of shape {shape} expected")
+
+
+# -- the transformer block: tensor and sequence parallel (issue 35 item 4) ----------------------
+def block_reference(case: dict[str, Any]) -> dict[str, Any]:
+    """The unsharded :func:`~perflab.labs.lab10.models.transformer_block` on one case
+    ``{"d", "heads", "batch", "seq", "seed", "dropout"}``: ``y = block(x)``,
+    ``y.backward(dL/dy)`` (:func:`~perflab.labs.lab10.models.tp_tensors`).
+
+    Returns:
+        ``{"out", "x_grad"}`` (float32 tensors ``(B, S, d)``), ``"grads"`` (the full
+        gradient of every parameter of :data:`~perflab.labs.lab10.sp.BLOCK_PARAMS`, by
+        name) and ``"saved_bytes"``: the activation bytes its LayerNorms and dropouts keep
+        for the backward (:class:`~perflab.labs.lab10.sp.SavedActivationBytes`, int).
+    """
+    from perflab.labs.lab10.models import transformer_block
+    from perflab.labs.lab10.sp import BLOCK_PARAMS, BLOCK_REGION, SavedActivationBytes, block_param
+
+    block = transformer_block(int(case["d"]), int(case["heads"]), int(case["seed"]),
+                              float(case.get("dropout", 0.0)))
+    x, grad_out = tp_tensors(case)
+    x.requires_grad_(True)
+    with SavedActivationBytes([getattr(block, n) for n in BLOCK_REGION]) as saved:
+        out = block(x)
+    out.backward(grad_out)
+    return {"out": out.detach(), "x_grad": x.grad, "saved_bytes": saved.nbytes,
+            "grads": {name: block_param(block, name).grad for name in BLOCK_PARAMS}}
+
+
+def _shard(full: torch.Tensor, how: str, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s part of a full gradient split ``how`` (BLOCK_PARAMS' convention)."""
+    if how == "whole":
+        return full
+    dim = 0 if how == "rows" else 1
+    return full.chunk(world, dim=dim)[rank]
+
+
+def _tensor(value: Any) -> torch.Tensor | None:
+    try:
+        return torch.tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _same(value: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    t = value if torch.is_tensor(value) else _tensor(value)
+    return t is not None and t.shape == want.shape and bool(torch.allclose(t, want, atol=atol, rtol=rtol))
+
+
+def judge_block(mode: str, cases: list[dict], records: Any, world: int = 2) -> None:
+    """Judge the student's ``ShardedBlock`` in ``mode`` on the block cases drawn here,
+    from ``[case][rank]`` records (:func:`perflab.labs.lab10.ranks.block_check_records`).
+
+    Every case: no error and no torch tensor parallelism ran (``delegated``); with
+    ``dropout == 0`` (the masks of a sharded and an unsharded run differ otherwise) the
+    output and ``dL/dx`` are the unsharded block's (:func:`block_reference`; in ``"sp"``
+    rank r's positions ``r·S/p … (r+1)·S/p``) and every parameter gradient is its shard
+    of the unsharded one (heads' rows, their columns of ``wo``; a whole parameter's
+    gradient: on every rank in ``"tp"``, summed over the ranks in ``"sp"``, where each
+    rank saw only its positions).
+
+    ``"tp"``: the forward and the backward each issue exactly two all-reduces of the
+    block's activation (``B·S·d·4`` bytes), from the student's own autograd Functions.
+    ``"sp"``: no all-reduce; the forward and the backward each issue two all-gathers and
+    two reduce-scatters of that size (the full tensor: nccl-tests' message size), from
+    the student's own Functions, so the bytes on the wire
+    (:func:`~perflab.labs.lab10.comm.wire_bytes`) equal tensor parallelism's four
+    all-reduces; and the LayerNorms' and dropouts' saved activation bytes per rank are
+    the unsharded block's over ``world`` (Korthikanti et al. 2022, §4.2.2), where ``"tp"``
+    keeps all of them on every rank.
+
+    Raises:
+        ValueError: an unknown mode.
+        AssertionError: the first property that does not hold, with what was found.
+    """
+    from perflab.labs.lab10.comm import wire_bytes
+    from perflab.labs.lab10.sp import BLOCK_PARAMS
+
+    if mode not in ("tp", "sp"):
+        raise ValueError(f"mode must be 'tp' or 'sp', got {mode!r}")
+    assert isinstance(records, list) and len(records) == len(cases), (
+        f"records of {len(cases)} block cases expected, got {type(records).__name__}")
+    what = "tensor-parallel" if mode == "tp" else "sequence-parallel"
+    for case, recs in zip(cases, records):
+        where = (f"{what} block, d={case['d']}, heads={case['heads']}, (batch, seq) = "
+                 f"({case['batch']}, {case['seq']}), dropout {case['dropout']}, seed {case['seed']}")
+        assert isinstance(recs, list) and len(recs) == world and all(isinstance(r, dict) for r in recs), (
+            f"{where}: records of {world} ranks expected")
+        for q, rec in enumerate(recs):
+            assert not rec.get("error"), f"{where}, rank {q}: {rec.get('error')}"
+            assert rec.get("delegated") == [], (
+                f"{where}, rank {q}: ShardedBlock ran {rec.get('delegated')}: torch's tensor "
+                "parallelism, not the student's own Functions")
+        ref = block_reference(case)
+        n = 4 * case["batch"] * case["seq"] * case["d"]
+        s = case["seq"] // world
+        if case["dropout"] == 0:
+            for q, rec in enumerate(recs):
+                pos = slice(None) if mode == "tp" else slice(q * s, (q + 1) * s)
+                part = "" if mode == "tp" else f" (its positions {q * s}..{(q + 1) * s - 1})"
+                assert _same(rec.get("out"), ref["out"][:, pos]), (
+                    f"{where}, rank {q}: the output{part} differs from the unsharded block's")
+                assert _same(rec.get("x_grad"), ref["x_grad"][:, pos]), (
+                    f"{where}, rank {q}: dL/dx{part} differs from the unsharded block's")
+            for name, how in BLOCK_PARAMS.items():
+                grads = [(rec.get("grads") or {}).get(name) for rec in recs]
+                if how == "whole" and mode == "sp":
+                    ts = [_tensor(g) for g in grads]
+                    ok = all(t is not None and t.shape == ref["grads"][name].shape for t in ts) and _same(
+                        sum(ts), ref["grads"][name])
+                    assert ok, (f"{where}: {name}'s gradient summed over the ranks (each from its "
+                                "own positions) differs from the unsharded block's")
+                    continue
+                for q, g in enumerate(grads):
+                    assert _same(g, _shard(ref["grads"][name], how, q, world)), (
+                        f"{where}, rank {q}: {name}'s gradient differs from its shard of the "
+                        "unsharded block's" + (" (rank r holds heads r·h/p … (r+1)·h/p: whole heads)"
+                                               if name.startswith("attn") else ""))
+        for q, rec in enumerate(recs):
+            fwd, bwd = rec.get("forward"), rec.get("backward")
+            for phase, seen in (("forward", fwd), ("backward", bwd)):
+                assert isinstance(seen, list) and all(isinstance(c, list) and len(c) == 3 for c in seen), (
+                    f"{where}, rank {q}: no record of the {phase}'s collectives")
+                if mode == "tp":
+                    assert seen == [["all_reduce", n, True]] * 2, (
+                        f"{where}, rank {q}: the {phase} issued {seen} ([kind, bytes, from the "
+                        f"student's own autograd.Function]); two all-reduces of {n} bytes (g after "
+                        "attention and after the MLP in the forward, f before each in the backward) expected")
+                    continue
+                kinds = sorted(c[0] for c in seen)
+                assert "all_reduce" not in kinds, (
+                    f"{where}, rank {q}: the {phase} issued an all-reduce ({seen}): sequence "
+                    "parallelism replaces every all-reduce of activations by a reduce-scatter "
+                    "and an all-gather")
+                assert kinds == ["all_gather"] * 2 + ["reduce_scatter"] * 2 and all(
+                    c[1] == n and c[2] is True for c in seen), (
+                    f"{where}, rank {q}: the {phase} issued {seen} ([kind, bytes, from the "
+                    f"student's own autograd.Function]); two all-gathers and two reduce-scatters "
+                    f"of the full activation ({n} bytes) expected")
+            if mode == "sp":
+                wire = sum(wire_bytes(c[0], c[1], world) for c in fwd + bwd)
+                tp_wire = 4 * wire_bytes("all_reduce", n, world)
+                assert abs(wire - tp_wire) <= 1e-9 * tp_wire, (
+                    f"{where}, rank {q}: {wire:g} bytes on the wire per step; tensor parallelism's "
+                    f"four all-reduces move {tp_wire:g}")
+            want = ref["saved_bytes"] if mode == "tp" else ref["saved_bytes"] / world
+            assert rec.get("saved_bytes") == want, (
+                f"{where}, rank {q}: the LayerNorms and dropouts kept {rec.get('saved_bytes')} bytes "
+                f"of activations for the backward; {want:g} expected (the unsharded block's "
+                f"{ref['saved_bytes']}" + ("" if mode == "tp" else f" over tp = {world}") + ")")
+
+
+def judge_dtensor_block(cases: list[dict], records: Any) -> None:
+    """Judge the student's ``parallel_block`` (``parallelize_module`` with
+    ``SequenceParallel`` on the norms) on the lab's block cases, from ``[case][rank]``
+    records of the lab's launch: each rank holds DTensor weights (the norms' too:
+    ``SequenceParallel`` replicates them as DTensors); with ``dropout == 0`` its output and
+    ``dL/dx`` are the unsharded block's on its positions; the forward issues two
+    all-gathers and two reduce-scatters of the full activation and no all-reduce, and so
+    does the backward (the norms' and biases' gradients stay ``Partial`` DTensors, reduced
+    when read).
+
+    Raises:
+        AssertionError: the first property that does not hold.
+    """
+    assert isinstance(records, list) and len(records) == len(cases), "records of every block case"
+    for case, recs in zip(cases, records):
+        world = len(recs)
+        where = f"parallel_block, d={case['d']}, heads={case['heads']}, seq={case['seq']}, {world} ranks"
+        ref = block_reference(case)
+        n = 4 * case["batch"] * case["seq"] * case["d"]
+        s = case["seq"] // world
+        for q, rec in enumerate(recs):
+            assert isinstance(rec, dict) and not rec.get("error"), f"{where}, rank {q}: {rec.get('error')}"
+            assert rec.get("weight_type") == "DTensor" == rec.get("norm_weight_type"), (
+                f"{where}, rank {q}: attn.wq's weight is a {rec.get('weight_type')} and ln1's a "
+                f"{rec.get('norm_weight_type')}: ColwiseParallel on the projections and "
+                "SequenceParallel on the norms make DTensors of both")
+            if case["dropout"] == 0:
+                pos = slice(q * s, (q + 1) * s)
+                assert _same(rec.get("out"), ref["out"][:, pos]) and _same(rec.get("x_grad"), ref["x_grad"][:, pos]), (
+                    f"{where}, rank {q}: the output or dL/dx on its positions differs from the unsharded block's")
+            for phase in ("forward", "backward"):
+                seen = rec.get(phase) or []
+                assert sorted(map(tuple, seen)) == [("all_gather", n)] * 2 + [("reduce_scatter", n)] * 2, (
+                    f"{where}, rank {q}: the {phase} issued {seen}; two all-gathers and two "
+                    f"reduce-scatters of {n} bytes and no all-reduce expected (Shard(1) between the blocks)")

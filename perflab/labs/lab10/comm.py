@@ -18,13 +18,36 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["count_functional_collectives"]
+__all__ = ["count_functional_collectives", "wire_bytes"]
 
 #: functional op name -> (kind, how the message size follows from the first argument)
 _KINDS = {"all_reduce": "all_reduce", "all_reduce_": "all_reduce",
           "all_reduce_coalesced": "all_reduce", "all_gather_into_tensor": "all_gather",
           "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all",
           "broadcast": "broadcast", "broadcast_": "broadcast"}
+
+
+def wire_bytes(kind: str, message_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends on the wire for one collective of message size ``n`` (bytes)
+    over ``p = world_size`` ranks, run as a ring: nccl-tests' bus-bytes convention
+    (nccl-tests/doc/PERFORMANCE.md): an all-reduce ``2(p−1)/p·n`` (a reduce-scatter
+    then an all-gather), an all-gather and a reduce-scatter ``(p−1)/p·n`` each, where
+    ``n`` is the full tensor (the gathered output, the scattered input; what
+    :class:`count_functional_collectives` and
+    :class:`perflab.analysis.sharding.count_collectives` count).
+
+    Raises:
+        ValueError: an unknown ``kind`` (use ``"all_reduce"``, ``"all_gather"``,
+            ``"reduce_scatter"``), ``world_size < 1`` or negative bytes.
+    """
+    factors = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+    if kind not in factors:
+        raise ValueError(f"kind must be one of {sorted(factors)}, got {kind!r}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if message_bytes < 0:
+        raise ValueError(f"message_bytes must be >= 0, got {message_bytes!r}")
+    return factors[kind] * (world_size - 1) / world_size * message_bytes
 
 
 def _nbytes(value: Any) -> int:

@@ -4,6 +4,11 @@ the grader's side: :mod:`perflab.course.references.lab10`).
 * :func:`mlp_block`: a transformer MLP block ``Linear(d, 4d) -> GELU -> Linear(4d, d)``
   (Vaswani et al. 2017, section 3.3; GPT-2's ``c_fc``/``c_proj``), the block that
   Megatron-LM splits column- then row-wise (Shoeybi et al. 2019, arXiv:1909.08053, §3).
+* :func:`transformer_block`: a pre-LayerNorm transformer block (causal multi-head
+  attention, then the MLP; GPT-2's layout, Radford et al. 2019), the block that
+  Megatron-LM splits by heads (Shoeybi et al. 2019, §3, Figure 3b) and whose LayerNorm
+  and dropout regions sequence parallelism splits by positions (Korthikanti et al. 2022,
+  arXiv:2205.05198, §4.2.2).
 * :func:`tp_tensors`: one tensor-parallel case's input and upstream gradient.
 * :func:`pipeline_model`, :func:`pipeline_batch`: the pipeline section's model
   (identical blocks, so stages split evenly) and its batch.
@@ -18,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["mlp_block", "tp_tensors", "SimulatedWork", "pipeline_model", "pipeline_batch"]
+__all__ = ["mlp_block", "Attention", "TransformerBlock", "transformer_block", "tp_tensors", "SimulatedWork", "pipeline_model", "pipeline_batch"]
 
 
 def mlp_block(d: int, seed: int = 0) -> torch.nn.Sequential:
@@ -37,6 +42,85 @@ def mlp_block(d: int, seed: int = 0) -> torch.nn.Sequential:
     block = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
                                 torch.nn.Linear(4 * d, d))
     torch.random.set_rng_state(gen_state)
+    return block
+
+
+class Attention(torch.nn.Module):
+    """Multi-head self-attention: ``wq``, ``wk``, ``wv`` (each ``Linear(d, d)``; head j is
+    rows ``j·d/h … (j+1)·d/h`` of each), the core ``softmax(q kᵀ/√(d/h)) v`` per head by
+    :func:`torch.nn.functional.scaled_dot_product_attention` (causal when ``causal``),
+    and the output projection ``wo`` (``Linear(d, d)``; Vaswani et al. 2017, §3.2.2).
+
+    ``forward(x)``: ``x (B, S, d_in)`` float32 -> ``(B, S, d)``. The projections are
+    reshaped with ``view(B, S, -1, head_dim)``, so the head count follows from the width
+    a projection returns: a rank holding the rows of whole heads (a column split, as
+    ``ColwiseParallel`` makes) runs this same forward on its heads alone.
+
+    Raises:
+        ValueError: ``d < 1``, ``heads < 1`` or ``d % heads != 0``.
+    """
+
+    def __init__(self, d: int, heads: int, causal: bool = True) -> None:
+        super().__init__()
+        if not isinstance(d, int) or not isinstance(heads, int) or d < 1 or heads < 1 or d % heads:
+            raise ValueError(f"d must be a multiple of heads (both ints >= 1), got d={d!r}, heads={heads!r}")
+        self.heads, self.head_dim, self.causal = heads, d // heads, causal
+        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        b, s = x.shape[0], x.shape[1]
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)   # (B, heads, S, head_dim)
+                   for w in (self.wq, self.wk, self.wv))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))              # (B, S, heads·head_dim) -> (B, S, d)
+
+
+class TransformerBlock(torch.nn.Module):
+    """A pre-LayerNorm transformer block (GPT-2's layout):
+    ``x = x + drop1(attn(ln1(x)))``, then ``x = x + drop2(mlp(ln2(x)))``.
+
+    Attributes: ``ln1``, ``ln2`` (``LayerNorm(d)``), ``attn`` (:class:`Attention`),
+    ``mlp`` (:func:`mlp_block`'s ``Sequential``: layers ``"0"`` and ``"2"``), ``drop1``,
+    ``drop2`` (``Dropout(dropout)``). ``forward(x)``: ``(B, S, d)`` float32 -> the same
+    shape.
+    """
+
+    def __init__(self, d: int, heads: int, dropout: float = 0.0, causal: bool = True) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.attn = Attention(d, heads, causal)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d, d))
+        self.drop1, self.drop2 = torch.nn.Dropout(dropout), torch.nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop1(self.attn(self.ln1(x)))
+        return x + self.drop2(self.mlp(self.ln2(x)))
+
+
+def transformer_block(d: int, heads: int, seed: int = 0, dropout: float = 0.0,
+                      causal: bool = True) -> TransformerBlock:
+    """A seeded :class:`TransformerBlock` in float32 (its LayerNorms' weights and biases
+    drawn near 1 and 0, so that a gradient or a copy that misses them shows), in training
+    mode (dropout active when ``dropout > 0``).
+
+    Raises:
+        ValueError: ``d % heads != 0``, a size < 1, or ``dropout`` outside [0, 1).
+    """
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        block = TransformerBlock(d, heads, dropout, causal)
+        with torch.no_grad():
+            for ln in (block.ln1, block.ln2):
+                ln.weight.add_(0.1 * torch.randn(d))
+                ln.bias.add_(0.1 * torch.randn(d))
+    finally:
+        torch.random.set_rng_state(gen_state)
     return block
 
 

@@ -73,16 +73,24 @@ class Stash(dict):
 
 def in_flight_peak(order: list[str]) -> int:
     """The most micro-batches whose forward ran and whose backward did not, over an op
-    order ``["F0", "F1", "B0", ...]`` (0 for an empty order)."""
+    order ``["F0", "F1", "B0", ...]`` (0 for an empty order); an op may carry a stage
+    label (``"S2:F0"``: an interleaved rank's ops of all its stages, each stage's
+    forward of a micro-batch counted once)."""
     live = peak = 0
     for op in order:
-        live += 1 if op.startswith("F") else -1
+        live += 1 if op.rpartition(":")[2].startswith("F") else -1
         peak = max(peak, live)
     return peak
 
 
 class StageProbe:
     """Hooks on one stage module that record its ops while ``recording`` is True.
+
+    Args:
+        stage_module: the stage (hooks are put on it and on its first parameter).
+        order: the list to append ops to (default: a new one); several probes given one
+            list record an interleaved rank's stages in the order their ops ran.
+        label: put before every op (``"S2:"`` gives ``"S2:F0"``).
 
     Attributes:
         order: ``["F0", "F1", "B0", ...]``: forwards numbered in the order they ran,
@@ -93,10 +101,13 @@ class StageProbe:
             every op too.
     """
 
-    def __init__(self, stage_module: torch.nn.Module) -> None:
+    def __init__(self, stage_module: torch.nn.Module, order: list[str] | None = None,
+                 label: str = "") -> None:
         self._clock = PerfCounterClock()
         self.recording = False
         self.stash: Stash | None = None
+        self.order: list[str] = [] if order is None else order
+        self._label = label
         self.reset()
         stage_module.register_forward_pre_hook(self._forward_start)
         stage_module.register_forward_hook(self._forward_end)
@@ -105,8 +116,9 @@ class StageProbe:
             first.register_post_accumulate_grad_hook(self._backward_end)
 
     def reset(self, stash: Stash | None = None) -> None:
-        """Forget the last step's ops; ``stash``: the next step's stash (or None)."""
-        self.order: list[str] = []
+        """Forget the last step's ops (the order list is emptied in place, so a probe
+        that shares it empties it for all); ``stash``: the next step's stash (or None)."""
+        self.order.clear()
         self.busy_s = 0.0
         self._forwards = 0
         self._t0: float | None = None
@@ -129,14 +141,14 @@ class StageProbe:
             self._t0 = None
         k = self._forwards
         self._forwards += 1
-        self.order.append(f"F{k}")
+        self.order.append(f"{self._label}F{k}")
         self._sample()
         if torch.is_tensor(output) and output.requires_grad:
             output.register_hook(lambda grad, k=k: self._backward_start(k))
 
     def _backward_start(self, k: int) -> None:
         if self.recording:
-            self.order.append(f"B{k}")
+            self.order.append(f"{self._label}B{k}")
             self._t0 = self._clock.now()
             self._sample()
 

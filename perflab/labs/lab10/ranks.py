@@ -31,6 +31,7 @@ launch), where no spy of the notebook's reaches them.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -47,6 +48,8 @@ from perflab.labs.lab10.pipeline import CallTrace, code_of
 
 __all__ = ["import_student", "shard_compute_s", "tp_rank", "pp_rank", "lab10_rank",
            "hand_tp_on_ranks", "pipeline_on_ranks", "check_runs", "pipeline_check_records",
+           "block_check_records", "TRACED_COLLECTIVES",
+           "judged_by", "PIPELINE_CHECKS",
            "HandTPTrace", "HAND_TP_FORBIDDEN", "HAND_PP_FORBIDDEN", "PP_SCHEDULES",
            "PP_P2P_TIMEOUT_S"]
 
@@ -67,23 +70,52 @@ def _object_at(path: str) -> Any:
         return getattr(_object_at(module), attr)
 
 
+#: ``torch.distributed`` collectives :class:`HandTPTrace` records -> (kind, the argument
+#: whose bytes are the message: nccl-tests' size, the full tensor).
+TRACED_COLLECTIVES = {"all_reduce": ("all_reduce", "tensor"),
+                      "all_gather": ("all_gather", "tensor_list"),
+                      "all_gather_into_tensor": ("all_gather", "output_tensor"),
+                      "all_gather_single": ("all_gather", "output_tensor"),
+                      "reduce_scatter": ("reduce_scatter", "input_list"),
+                      "reduce_scatter_tensor": ("reduce_scatter", "input"),
+                      "reduce_scatter_single": ("reduce_scatter", "input")}
+
+
+def _message_bytes(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        return sum(_message_bytes(v) for v in value)
+    return int(value.numel() * value.element_size()) if torch.is_tensor(value) else 0
+
+
 class HandTPTrace(CallTrace):
     """While open, on this rank (``sys.setprofile``, this thread; CPU autograd runs the
     backward in the calling thread): every ``torch.distributed.all_reduce`` however it is
     reached (an alias, ``distributed_c10d``'s own name), as ``[bytes, own]`` with ``own``
     True when a ``forward`` or ``backward`` of a ``torch.autograd.Function`` subclass
-    defined in ``module`` is on the stack. A profile function already set (a
+    defined in ``module`` is on the stack; and every collective of
+    :data:`TRACED_COLLECTIVES` (the all-reduce, the all-gathers and reduce-scatters,
+    tensor and list forms) as ``[kind, message bytes, own]``, a collective that another
+    one calls (``all_gather_into_tensor`` calls ``all_gather_single`` in torch 2.13)
+    counted once. A profile function already set (a
     :func:`~perflab.labs.checking.watch_calls` spy) keeps getting every event.
 
     Attributes:
         all_reduces: ``[[bytes, own], ...]`` in call order.
+        collectives: ``[[kind, bytes, own], ...]`` in call order (``kind`` one of
+            ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``).
     """
 
     def __init__(self, module: Any) -> None:
         import torch.distributed as dist
 
         self.all_reduces: list[list] = []
+        self.collectives: list[list] = []
         self._all_reduce = code_of(dist.all_reduce)
+        self._traced = {}
+        for name, (kind, arg) in TRACED_COLLECTIVES.items():
+            code = code_of(getattr(dist, name, None))
+            if code is not None:
+                self._traced[code] = (kind, arg)
         self._own = set()
         todo = list(torch.autograd.Function.__subclasses__())
         while todo:
@@ -96,13 +128,20 @@ class HandTPTrace(CallTrace):
                         self._own.add(code)
 
     def _on_call(self, frame: Any) -> None:
+        traced = self._traced.get(frame.f_code)
+        if traced is None:
+            return
+        kind, arg = traced
+        nbytes = _message_bytes(frame.f_locals.get(arg))
+        caller, own, nested = frame.f_back, False, False
+        while caller is not None:
+            own = own or caller.f_code in self._own
+            nested = nested or caller.f_code in self._traced
+            caller = caller.f_back
         if frame.f_code is self._all_reduce:
-            tensor = frame.f_locals.get("tensor")
-            nbytes = tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
-            caller, own = frame.f_back, False
-            while caller is not None and not own:
-                own, caller = caller.f_code in self._own, caller.f_back
-            self.all_reduces.append([int(nbytes), own])
+            self.all_reduces.append([nbytes, own])
+        if not nested:
+            self.collectives.append([kind, nbytes, own])
 
 
 def import_student(module: str) -> Any:
@@ -206,6 +245,84 @@ def _two_d_case(student: Any, case: dict[str, int], mesh: Any) -> dict[str, Any]
             "dp_calls": dict(dp_comm.calls), "dp_bytes": dict(dp_comm.bytes)}
 
 
+def _sequence_shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s positions of ``t (B, S, d)``: ``t[:, rank·S/p:(rank+1)·S/p]``."""
+    if t.shape[1] % world:
+        raise ValueError(f"seq={t.shape[1]} does not split over {world} ranks: sequence "
+                         "parallelism needs tp to divide the sequence length")
+    size = t.shape[1] // world
+    return t[:, rank * size:(rank + 1) * size].clone()
+
+
+def _block_grads(module: Any) -> dict[str, list | None]:
+    """The LOCAL gradient of every parameter of :data:`~perflab.labs.lab10.sp.BLOCK_PARAMS`."""
+    from perflab.labs.lab10.sp import BLOCK_PARAMS, block_param
+
+    return {name: _local(block_param(module, name).grad) for name in BLOCK_PARAMS}
+
+
+def _block_case(student: Any, case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """The student's ``ShardedBlock`` on one case, tensor parallel (``"tp"``: the whole
+    sequence on every rank, Megatron's f and g) and sequence parallel (``"sp"``: this
+    rank's positions, :func:`_sequence_shard`): each one's output, input gradient, local
+    parameter gradients, the collectives :class:`HandTPTrace` saw in the forward and in
+    the backward (``[kind, bytes, own]``), the activation bytes saved for the backward by
+    its LayerNorms and dropouts (:class:`~perflab.labs.lab10.sp.SavedActivationBytes`) and
+    which of :data:`HAND_TP_FORBIDDEN` ran. Case: ``{"d", "heads", "batch", "seq", "seed",
+    "dropout"}`` (the block is :func:`~perflab.labs.lab10.models.transformer_block`)."""
+    from perflab.labs.checking import watch_calls
+    from perflab.labs.lab10.models import transformer_block
+    from perflab.labs.lab10.sp import BLOCK_REGION, SavedActivationBytes
+
+    out: dict[str, Any] = {}
+    for mode in ("tp", "sp"):
+        try:
+            block = transformer_block(int(case["d"]), int(case["heads"]), int(case["seed"]),
+                                      float(case.get("dropout", 0.0)))
+            x, grad_out = tp_tensors(case)
+            if mode == "sp":
+                x, grad_out = _sequence_shard(x, rank, world), _sequence_shard(grad_out, rank, world)
+            x.requires_grad_(True)
+            with watch_calls({n: _object_at(n) for n in HAND_TP_FORBIDDEN}) as delegated:
+                mine = student.ShardedBlock(block, rank, world, sequence_parallel=mode == "sp")
+                region = [getattr(mine, name) for name in BLOCK_REGION]
+                with HandTPTrace(student) as fwd, SavedActivationBytes(region) as saved:
+                    y = mine(x)
+                with HandTPTrace(student) as bwd:
+                    y.backward(grad_out)
+            out[mode] = {"out": _local(y), "x_grad": _local(x.grad), "grads": _block_grads(mine),
+                         "forward": fwd.collectives, "backward": bwd.collectives,
+                         "saved_bytes": saved.nbytes, "saved_shapes": saved.shapes,
+                         "delegated": list(delegated)}
+        except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
+            out[mode] = _error(e)
+    return out
+
+
+def _dtensor_block_case(student: Any, case: dict[str, Any], mesh: Any) -> dict[str, Any]:
+    """``student.parallel_block`` (``parallelize_module`` with sequence parallelism) over
+    the 1-D ``mesh``, fed this rank's positions of the input: its output shard, input
+    gradient shard and functional collectives (:class:`count_functional_collectives`)."""
+    from perflab.labs.lab10.models import transformer_block
+
+    rank, world = mesh.get_local_rank(), mesh.size()
+    block = transformer_block(int(case["d"]), int(case["heads"]), int(case["seed"]),
+                              float(case.get("dropout", 0.0)))
+    x, grad_out = tp_tensors(case)
+    x, grad_out = _sequence_shard(x, rank, world), _sequence_shard(grad_out, rank, world)
+    x.requires_grad_(True)
+    mine = student.parallel_block(block, mesh)
+    with count_functional_collectives() as fwd:
+        y = _waited(mine(x))
+        y = y.to_local() if hasattr(y, "to_local") else y
+    with count_functional_collectives() as bwd:
+        y.backward(grad_out)
+    return {"out": _local(y), "x_grad": _local(x.grad),
+            "weight_type": type(block.attn.wq.weight).__name__,
+            "norm_weight_type": type(block.ln1.weight).__name__,
+            "forward": [list(e) for e in fwd.log], "backward": [list(e) for e in bwd.log]}
+
+
 def shard_compute_s(student: Any, case: dict[str, int], rank: int, world_size: int,
                     steps: int) -> list[float]:
     """Seconds per forward+backward of rank ``rank``'s shard of the student's
@@ -242,9 +359,12 @@ def shard_compute_s(student: Any, case: dict[str, int], rank: int, world_size: i
 
 
 def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
-            dtensor: bool = True, two_d: bool = False) -> dict[str, Any]:
+            dtensor: bool = True, two_d: bool = False,
+            block_cases: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Rank body: the student's tensor-parallel MLP block on each case, by hand and (with
-    ``dtensor``) with ``parallelize_module`` over a 1-D ``DeviceMesh`` of all ranks.
+    ``dtensor``) with ``parallelize_module`` over a 1-D ``DeviceMesh`` of all ranks; then
+    their transformer block on each of ``block_cases``, tensor and sequence parallel by
+    hand (and with ``dtensor``, sequence parallel by ``parallelize_module``).
 
     Args:
         cases: ``{"d", "batch", "seq", "seed"}`` each: the block is :func:`mlp_block` ``(d,
@@ -255,25 +375,35 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
         two_d: with 4 or more ranks (an even number), also the 2-D run: a
             ``make_mesh((2, world // 2), ("dp", "tp"))`` mesh, ``parallel_mlp`` over its
             "tp" dimension, ``student.data_parallel_grads`` over its "dp" group.
+        block_cases: ``{"d", "heads", "batch", "seq", "seed", "dropout"}`` each (tp divides
+            heads and seq): the student's ``ShardedBlock`` (:func:`_block_case`) and, with
+            ``dtensor``, their ``parallel_block`` (:func:`_dtensor_block_case`).
 
     Returns:
-        ``{"hand": [per case], "dtensor": [per case], "two_d": [per case],
-        "unwaited_collectives": functional collectives never awaited at the end (0; None
-        where torch does not tell)}``; a case holds this rank's output, input gradient and
-        LOCAL parameter gradients (lists), and the collectives counted in the forward and
-        in the backward (calls and bytes by kind), or ``{"error": ...}``.
+        ``{"hand": [per case], "dtensor": [per case], "two_d": [per case], "block": [per
+        block case], "dtensor_block": [per block case], "unwaited_collectives": functional
+        collectives never awaited at the end (0; None where torch does not tell)}``; a case
+        holds this rank's output, input gradient and LOCAL parameter gradients (lists), and
+        the collectives counted in the forward and in the backward (calls and bytes by
+        kind), or ``{"error": ...}``.
     """
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     student = import_student(student_module)
-    out: dict[str, Any] = {"hand": [], "dtensor": [], "two_d": []}
+    out: dict[str, Any] = {"hand": [], "dtensor": [], "two_d": [], "block": [],
+                           "dtensor_block": []}
     for case in cases:
         try:
             out["hand"].append(_hand_case(student, case, rank, world))
         except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
             out["hand"].append(_error(e))
         dist.barrier()
+    for case in block_cases:
+        out["block"].append(_block_case(student, case, rank, world))
+        dist.barrier()
+    if dtensor and block_cases:
+        out["dtensor_block"] = _on_student_mesh(student, block_cases, _dtensor_block_case, (world,))
     if dtensor:
         out["dtensor"] = _on_student_mesh(student, cases, _dtensor_case, (world,))
     if two_d and world % 2 == 0 and world >= 4:
@@ -307,8 +437,8 @@ def _on_student_mesh(student: Any, cases: Sequence[dict], case_fn: Callable, *me
     return results
 
 
-#: torch's pipelining runtime, which the hand-written schedules (Exercises 6 and 7) may not
-#: run: it is Exercise 8's answer. Dotted paths (the last names a class's attribute).
+#: torch's pipelining runtime, which the hand-written schedules (Exercises 9 and 10) may not
+#: run: it is Exercise 11's answer. Dotted paths (the last names a class's attribute).
 HAND_PP_FORBIDDEN = ("torch.distributed.pipelining.stage._PipelineStageBase.forward_one_chunk",
                      "torch.distributed.pipelining.stage._PipelineStageBase.backward_one_chunk",
                      "torch.distributed.pipelining.schedules.PipelineScheduleSingle.step",
@@ -316,7 +446,8 @@ HAND_PP_FORBIDDEN = ("torch.distributed.pipelining.stage._PipelineStageBase.forw
 #: The schedules a run may name: the student's own over send/recv, and torch's through the
 #: student's ``build_schedule`` (its ``schedule`` argument is the part after ``torch_``).
 PP_SCHEDULES = {"gpipe": "gpipe_step", "1f1b": "one_f_one_b_step",
-                "torch_gpipe": "build_schedule", "torch_1f1b": "build_schedule"}
+                "torch_gpipe": "build_schedule", "torch_1f1b": "build_schedule",
+                "torch_interleaved": "build_interleaved_schedule"}
 #: Seconds a pipeline's send or receive may wait for its peer before it fails (the process
 #: group's timeout): a schedule that deadlocks (each of two stages waiting for the other
 #: to receive) fails its run instead of stopping the launch.
@@ -344,6 +475,12 @@ def _pp_run(student: Any, run: dict[str, Any], rank: int, group: Any) -> dict[st
     model split by the student's ``split_model``, this rank's stage run by the schedule
     ``run["schedule"]`` (:data:`PP_SCHEDULES`).
 
+    ``"torch_interleaved"`` splits the model into ``p·v`` stages (``v = run["virtual"]``,
+    the virtual stages per rank) and hands them all to the student's
+    ``build_interleaved_schedule``; this rank's stages are ``r, r + p, ..., r + (v-1)·p``
+    (Narayanan et al. 2021, arXiv:2104.04473, §2.2.2: the looped placement), so it is
+    those stages' ops, busy time and gradients the rank records.
+
     Step 0 is *recorded*: the simulated compute off, every op, the stash, the
     point-to-point messages and the gradients kept (torch's schedules run one step before
     it, unrecorded: their first step infers the shapes with a forward that has no
@@ -357,25 +494,37 @@ def _pp_run(student: Any, run: dict[str, Any], rank: int, group: Any) -> dict[st
     from perflab.labs.lab10.pipeline import P2PTrace, Stash, StageProbe, in_flight_peak
 
     schedule, p, m = run["schedule"], int(run["stages"]), int(run["m"])
+    v = int(run.get("virtual", 1))
     if schedule not in PP_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {sorted(PP_SCHEDULES)}")
+    if (v > 1) != (schedule == "torch_interleaved") or v < 1:
+        raise ValueError(f"virtual={v}: torch_interleaved needs virtual >= 2 stages per rank, "
+                         "the other schedules one (leave it out)")
     model = pipeline_model(int(run["width"]), int(run["blocks"]), int(run["seed"]),
                            float(run.get("forward_s_per_row", 0.0)),
                            float(run.get("backward_s_per_row", 0.0)))
-    stages = student.split_model(model, p)
-    stage_module = stages[rank]
+    stages = student.split_model(model, p * v)
+    mine = list(stages[rank::p])   # v = 1: [stages[rank]]
+    stage_module = mine[0]
     x, y = pipeline_batch(int(run["width"]), int(run["batch"]), int(run["seed"]))
     if x.shape[0] % m:
         raise ValueError(f"batch {x.shape[0]} does not split into m={m} equal micro-batches")
     microbatches, targets = list(x.chunk(m)), list(y.chunk(m))
-    probe = StageProbe(stage_module)
+    order: list[str] = []   # one list: an interleaved rank's stages' ops in the order they ran
+    probes = [StageProbe(mod, order=order, label=f"S{rank + k * p}:" if v > 1 else "")
+              for k, mod in enumerate(mine)]
     clock = PerfCounterClock()
     hand = not schedule.startswith("torch_")
-    sched = None if hand else student.build_schedule(
-        stage_module, rank, p, m, schedule[len("torch_"):], group=group)
-    out: dict[str, Any] = {"schedule": schedule, "stages": len(stages),
-                           "stage_layers": len(stage_module), "losses": [], "step_s": [],
-                           "busy_s": []}
+    if hand:
+        sched = None
+    elif v > 1:
+        sched = student.build_interleaved_schedule(list(stages), rank, p, m, group=group)
+    else:
+        sched = student.build_schedule(stage_module, rank, p, m, schedule[len("torch_"):],
+                                       group=group)
+    out: dict[str, Any] = {"schedule": schedule, "stages": len(stages) // v, "virtual": v,
+                           "stage_layers": len(stage_module) if v == 1 else [len(s) for s in mine],
+                           "losses": [], "step_s": [], "busy_s": []}
     saved = _simulated(model, on=False)
     if not hand:   # its first step infers shapes (a forward of stage 0 with no backward)
         student.pipeline_step(sched, rank, p, x, y)
@@ -383,35 +532,41 @@ def _pp_run(student: Any, run: dict[str, Any], rank: int, group: Any) -> dict[st
         if step == 1:
             _simulated(model, on=True, saved=saved)
         stash = Stash() if hand else None
-        probe.reset(stash)
-        stage_module.zero_grad(set_to_none=True)
+        order.clear()
+        for probe in probes:
+            probe.reset(stash)
+        for mod in mine:
+            mod.zero_grad(set_to_none=True)
         dist.barrier(group=group)
         t0 = clock.now()
-        probe.recording = True
+        for probe in probes:
+            probe.recording = True
         try:
-            if not hand:
-                loss = student.pipeline_step(sched, rank, p, x, y)
-            elif step == 0:
-                with watch_calls({n: _object_at(n) for n in HAND_PP_FORBIDDEN}) as delegated, \
-                        P2PTrace(group) as trace:
+            with contextlib.ExitStack() as watched:
+                if hand and step == 0:   # the spy first: P2PTrace chains to it
+                    delegated = watched.enter_context(
+                        watch_calls({n: _object_at(n) for n in HAND_PP_FORBIDDEN}))
+                if step == 0:   # never on a timed step: a profile hook slows every call
+                    trace = watched.enter_context(P2PTrace(group))
+                if hand:
                     loss = getattr(student, PP_SCHEDULES[schedule])(
                         stage_module, microbatches, targets, F.cross_entropy, group, stash)
-            else:
-                loss = getattr(student, PP_SCHEDULES[schedule])(
-                    stage_module, microbatches, targets, F.cross_entropy, group, stash)
+                else:
+                    loss = student.pipeline_step(sched, rank, p, x, y)
         finally:
-            probe.recording = False
+            for probe in probes:
+                probe.recording = False
         dist.barrier(group=group)   # the step ends when the LAST stage is done
         out["step_s"].append(clock.now() - t0)
-        out["busy_s"].append(float(probe.busy_s))
+        out["busy_s"].append(float(sum(probe.busy_s for probe in probes)))
         out["losses"].append(None if loss is None else float(loss))
         if step == 0:
-            out.update(order=list(probe.order), in_flight_peak=in_flight_peak(probe.order),
+            out.update(order=list(order), in_flight_peak=in_flight_peak(order),
                        grads=[None if q.grad is None else q.grad.tolist()
-                              for q in stage_module.parameters()])
+                              for mod in mine for q in mod.parameters()],
+                       sends=trace.sends, recvs=trace.recvs, collectives=trace.collectives)
             if hand:
-                out.update(stash_peak=stash.peak, stash_left=len(stash), sends=trace.sends,
-                           recvs=trace.recvs, collectives=trace.collectives,
+                out.update(stash_peak=stash.peak, stash_left=len(stash),
                            delegated=list(delegated))
     if len(out["step_s"]) > 1:   # the recorded step (no simulated compute) is not timed
         out["step_s"], out["busy_s"] = out["step_s"][1:], out["busy_s"][1:]
@@ -426,7 +581,10 @@ def pp_rank(runs: Sequence[dict[str, Any]], student_module: str = "pp_student",
     ``gpipe_step`` / ``one_f_one_b_step`` ``(stage_module, microbatches, targets,
     loss_fn, group, stash)``, ``"torch_gpipe"`` and ``"torch_1f1b"`` their
     ``build_schedule`` and ``pipeline_step`` (torch's ``ScheduleGPipe`` /
-    ``Schedule1F1B``). Every run splits the model with the student's ``split_model``.
+    ``Schedule1F1B``), ``"torch_interleaved"`` their ``build_interleaved_schedule``
+    (torch's ``ScheduleInterleaved1F1B`` over ``"virtual"`` stages per rank) and
+    ``pipeline_step``. Every run splits the model with the student's ``split_model``
+    (into ``p·virtual`` stages for the interleaved schedule).
 
     A run's p is its ``"stages"`` (default: the world size) and it runs on ranks
     0 .. p-1, over a process group of those ranks made here (``dist.new_group`` on every
@@ -439,21 +597,27 @@ def pp_rank(runs: Sequence[dict[str, Any]], student_module: str = "pp_student",
 
     Args:
         runs: ``{"schedule", "m", "width", "blocks", "batch", "seed"}`` each, optionally
-            ``"stages"``, ``"repeats"`` (timed steps after the recorded one, default 0),
+            ``"stages"``, ``"virtual"`` (stages per rank, >= 2, for
+            ``"torch_interleaved"`` only), ``"repeats"`` (timed steps after the recorded
+            one, default 0),
             ``"forward_s_per_row"``, ``"backward_s_per_row"``
             (:func:`~perflab.labs.lab10.models.pipeline_model`'s sizes and simulated work).
         student_module: the student's file's module name.
         p2p_timeout_s: the pipeline groups' timeout, seconds (> 0).
 
     Returns:
-        Per run, this rank's record (:func:`_pp_run`): ``"schedule", "stages",
-        "stage_layers", "losses"`` (per step: the last stage's loss, None elsewhere),
-        ``"step_s", "busy_s"`` (per timed step; the recorded step's when none),
-        ``"order"`` (``["F0", "B0", ...]``), ``"in_flight_peak"`` (from the order),
-        ``"grads"`` (the stage's parameter gradients after the recorded step, lists),
-        ``"peak_in_flight"`` (the stash's peak for a hand-written schedule, the order's for
-        torch's) and, for a hand-written schedule, ``"stash_peak", "stash_left", "sends",
-        "recvs", "collectives", "delegated"`` (:data:`HAND_PP_FORBIDDEN` that ran);
+        Per run, this rank's record (:func:`_pp_run`): ``"schedule", "stages"`` (p),
+        ``"virtual"`` (v), ``"stage_layers"`` (blocks in the stage; a list, one per
+        stage, for an interleaved rank), ``"losses"`` (per step: the last stage's loss,
+        None elsewhere), ``"step_s", "busy_s"`` (per timed step; the recorded step's
+        when none), ``"order"`` (``["F0", "B0", ...]``; ``"S2:F0"`` names the stage on
+        an interleaved rank), ``"in_flight_peak"`` (from the order), ``"grads"`` (the
+        rank's parameter gradients after the recorded step, lists, its stages in
+        order), ``"sends", "recvs"`` (the recorded step's point-to-point messages,
+        ``[peer stage, shape]``), ``"collectives"``, ``"peak_in_flight"`` (the stash's
+        peak for a hand-written schedule, the order's for torch's) and, for a
+        hand-written schedule, ``"stash_peak", "stash_left", "delegated"``
+        (:data:`HAND_PP_FORBIDDEN` that ran);
         ``{"idle": True}`` on a rank outside the run's stages, or ``{"error": ...}``.
 
     Raises:
@@ -516,17 +680,61 @@ def lab10_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
 
 
 def hand_tp_on_ranks(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
-                     world_size: int = 2, timeout_s: float = 300) -> list[list[dict[str, Any]]]:
+                     world_size: int = 2, timeout_s: float = 300,
+                     blocks: dict[str, Any] | None = None) -> list[list[dict[str, Any]]]:
     """Start ``world_size`` gloo ranks and run the student's ``ShardedMLP`` on ``cases``
     (:func:`tp_rank` without DTensor): what a graded check's sandbox side calls on the
     hidden cases. Returns ``[rank][case]`` records (``tp_rank``'s ``"hand"`` lists).
 
+    With ``blocks`` (``{"cases": [block case, ...], "seal": the grader's seal of them}``)
+    the same launch also runs the student's ``ShardedBlock`` on those cases (tensor and
+    sequence parallel, :func:`_block_case`) and keeps their records in this process,
+    replacing any earlier ones, for the block checks after it
+    (:func:`block_check_records`): one launch for every hand-written TP check.
+
     Raises:
         perflab.distributed.RankFailedError, LaunchTimeoutError: as ``launch_fn``.
     """
-    ranks = launch_fn(tp_rank, world_size, args=(list(cases), student_module, False),
+    block_cases = list(blocks["cases"]) if blocks is not None else []
+    if blocks is not None:   # always a fresh launch (never an older file's records)
+        _BLOCK_LAUNCH.clear()
+    ranks = launch_fn(tp_rank, world_size, args=(list(cases), student_module, False, False,
+                                                 block_cases),
                       device="cpu", timeout_s=timeout_s)
+    if blocks is not None:
+        _BLOCK_LAUNCH.update(cases=block_cases, seal=blocks.get("seal"),
+                             ranks=[r["block"] for r in ranks])
     return [r["hand"] for r in ranks]
+
+
+#: The block checks' shared launch in this process (the notebook's kernel): the block
+#: cases the first TP check drew, their seal, and every rank's records.
+_BLOCK_LAUNCH: dict[str, Any] = {}
+#: What a block check's judge reads of a mode's record.
+_BLOCK_KEYS = ("out", "x_grad", "grads", "forward", "backward", "saved_bytes", "delegated",
+               "error")
+
+
+def block_check_records(mode: str) -> dict[str, Any]:
+    """The records of the student's ``ShardedBlock`` in one mode (``"tp"`` or ``"sp"``)
+    from the launch that :func:`hand_tp_on_ranks` made with ``blocks`` in this process
+    (the TP check's): ``{"cases", "seal", "records": [case][rank] record}`` (the judges'
+    keys only), the cases and seal as the first check passed them (the grader's judge
+    verifies the seal: the cases are the ones it drew).
+
+    Raises:
+        ValueError: an unknown mode.
+        RuntimeError: no such launch was made in this process.
+    """
+    if mode not in ("tp", "sp"):
+        raise ValueError(f"mode must be 'tp' or 'sp', got {mode!r}")
+    if not _BLOCK_LAUNCH:
+        raise RuntimeError("no graded tensor-parallel launch ran in this kernel: the check "
+                           "of Exercise 1 starts it; run that check first")
+    records = [[{key: rec[mode][key] for key in _BLOCK_KEYS if key in rec[mode]}
+                for rec in (r[k] for r in _BLOCK_LAUNCH["ranks"])]
+               for k in range(len(_BLOCK_LAUNCH["cases"]))]
+    return {"cases": _BLOCK_LAUNCH["cases"], "seal": _BLOCK_LAUNCH["seal"], "records": records}
 
 
 def pipeline_on_ranks(runs: Sequence[dict[str, Any]], student_module: str = "pp_student",
@@ -547,18 +755,42 @@ def pipeline_on_ranks(runs: Sequence[dict[str, Any]], student_module: str = "pp_
 #: configs the first graded check drew, their seal, and every rank's records.
 _CHECK_LAUNCH: dict[str, Any] = {}
 #: What a check's judge reads of a run's record (no timings: they move with the load).
-_CHECK_KEYS = ("schedule", "stages", "stage_layers", "losses", "order", "grads",
+_CHECK_KEYS = ("schedule", "stages", "virtual", "stage_layers", "losses", "order", "grads",
                "in_flight_peak", "stash_peak", "stash_left", "sends", "collectives",
                "delegated", "error", "idle")
+
+
+#: The pipeline checks that read the shared launch, and the schedules each judges.
+PIPELINE_CHECKS = ("gpipe", "1f1b", "torch", "interleaved")
+
+
+def judged_by(config: dict[str, Any], check: str) -> bool:
+    """Whether the pipeline check ``check`` (:data:`PIPELINE_CHECKS`) judges ``config``:
+    a config whose ``"torch"`` is ``"interleaved"`` is run by torch's
+    ``ScheduleInterleaved1F1B`` only (``check`` "interleaved"); every other config by the
+    student's two schedules and torch's ``config["torch"]`` (the other three checks).
+
+    Raises:
+        ValueError: an unknown check.
+    """
+    if check not in PIPELINE_CHECKS:
+        raise ValueError(f"check must be one of {PIPELINE_CHECKS}, got {check!r}")
+    return (config.get("torch") == "interleaved") == (check == "interleaved")
 
 
 def check_runs(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs of the pipeline checks' shared launch: every config (``{"stages", "m",
     "width", "blocks", "batch", "seed", "torch"}``) run by the student's ``gpipe_step``,
     their ``one_f_one_b_step`` and torch's schedule ``config["torch"]`` (``"gpipe"`` or
-    ``"1f1b"``) through their ``build_schedule``, in that order; the recorded step only."""
-    return [{**c, "schedule": s, "repeats": 0}
-            for c in configs for s in ("gpipe", "1f1b", f"torch_{c['torch']}")]
+    ``"1f1b"``) through their ``build_schedule``, in that order; a config whose
+    ``"torch"`` is ``"interleaved"`` (with ``"virtual"`` stages per rank) by their
+    ``build_interleaved_schedule`` only. The recorded step only."""
+    runs = []
+    for c in configs:
+        kinds = (("torch_interleaved",) if c.get("torch") == "interleaved"
+                 else ("gpipe", "1f1b", f"torch_{c['torch']}"))
+        runs += [{**c, "schedule": s, "repeats": 0} for s in kinds]
+    return runs
 
 
 def pipeline_check_records(case: dict[str, Any] | None, schedule: str,
@@ -577,11 +809,14 @@ def pipeline_check_records(case: dict[str, Any] | None, schedule: str,
 
     Args:
         case: the first check's case, or None (the launch already made here).
-        schedule: ``"gpipe"``, ``"1f1b"`` or ``"torch"`` (the config's torch schedule).
+        schedule: ``"gpipe"``, ``"1f1b"``, ``"torch"`` (the config's torch schedule) or
+            ``"interleaved"`` (:data:`PIPELINE_CHECKS`; the configs it judges:
+            :func:`judged_by`).
 
     Returns:
         ``{"configs", "seal", "records": [config][rank] record}`` (:func:`pp_rank`'s
-        records, the judges' keys only).
+        records, the judges' keys only; ``records`` holds the configs ``schedule``
+        judges, in order; ``configs`` all of them).
 
     Raises:
         ValueError: an unknown schedule.
@@ -590,8 +825,8 @@ def pipeline_check_records(case: dict[str, Any] | None, schedule: str,
     """
     import warnings
 
-    if schedule not in ("gpipe", "1f1b", "torch"):
-        raise ValueError(f"schedule must be 'gpipe', '1f1b' or 'torch', got {schedule!r}")
+    if schedule not in PIPELINE_CHECKS:
+        raise ValueError(f"schedule must be one of {PIPELINE_CHECKS}, got {schedule!r}")
     if case is not None:   # the first check: always a fresh launch (never an older file's records)
         _CHECK_LAUNCH.clear()
         runs = check_runs(case["configs"])
@@ -601,10 +836,14 @@ def pipeline_check_records(case: dict[str, Any] | None, schedule: str,
         _CHECK_LAUNCH.update(configs=case["configs"], seal=case.get("seal"), ranks=ranks)
     if not _CHECK_LAUNCH:
         raise RuntimeError("no graded pipeline launch ran in this kernel: the check of "
-                           "Exercise 6 starts it; run that check first")
-    column = ("gpipe", "1f1b", "torch").index(schedule)   # check_runs' order per config
-    records = [[{key: rec[key] for key in _CHECK_KEYS if key in rec}
-                for rec in (r[3 * k + column] for r in _CHECK_LAUNCH["ranks"])]
-               for k in range(len(_CHECK_LAUNCH["configs"]))]
+                           "Exercise 9 starts it; run that check first")
+    records, k = [], 0   # k: the config's first run in check_runs' list
+    for config in _CHECK_LAUNCH["configs"]:
+        interleaved = config.get("torch") == "interleaved"
+        if judged_by(config, schedule):
+            column = 0 if interleaved else ("gpipe", "1f1b", "torch").index(schedule)
+            records.append([{key: rec[key] for key in _CHECK_KEYS if key in rec}
+                            for rec in (r[k + column] for r in _CHECK_LAUNCH["ranks"])])
+        k += 1 if interleaved else 3
     return {"configs": _CHECK_LAUNCH["configs"], "seal": _CHECK_LAUNCH["seal"],
             "records": records}

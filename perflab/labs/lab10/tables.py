@@ -11,7 +11,10 @@
 * :func:`bubble_table`: the pipeline runs' measured idle fraction per schedule and
   micro-batch count, beside the bubble formula (p - 1) / (m + p - 1) (GPipe: Huang et al.
   2019, arXiv:1811.06965, §2.2; the same for 1F1B: Narayanan et al. 2021,
-  arXiv:2104.04473, §2.2) as the student wrote it.
+  arXiv:2104.04473, §2.2) as the student wrote it, and the interleaved schedule's
+  (p - 1) / (v·m + p - 1) with v stages per rank (Narayanan et al. 2021, §2.2.2).
+* :func:`p2p_table`: the point-to-point messages each run's recorded step sent, counted
+  on the ranks, beside the student's count.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import pandas as pd
 from perflab.analysis.peak import PEAK_TFLOPS, PeakFlops
 from perflab.core.simulated import LinkModel, SimulatedLink
 
-__all__ = ["tp_comm_share", "model_comm_share", "tp_mlp_flops", "datasheet_peak", "bubble_table"]
+__all__ = ["tp_comm_share", "model_comm_share", "tp_mlp_flops", "datasheet_peak", "bubble_table",
+           "p2p_table"]
 
 
 def tp_comm_share(compute_s: float, message_bytes: Sequence[int], links: Sequence[SimulatedLink],
@@ -137,26 +141,47 @@ def datasheet_peak(chip: str = "H100 SXM", dtype: str = "tf32") -> PeakFlops:
                      f"datasheet: NVIDIA {chip.split()[0]} datasheet, {chip}, dense")
 
 
+def _formula_for(formula: Any, schedule: str) -> Callable | None:
+    if isinstance(formula, dict):
+        return formula.get(schedule)
+    return formula
+
+
+def _failed_runs(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
+                 i: int, p: int) -> list[dict[str, Any]]:
+    """Run i's records on its p ranks; raises ValueError naming the failure."""
+    run = runs[i]
+    recs = [r[i] for r in per_rank[:p]]
+    bad = [f"rank {k}: {rec['error']}" for k, rec in enumerate(recs) if "error" in rec]
+    if bad or len(recs) < p:
+        raise ValueError(f"run {run['schedule']}, p={p}, m={run['m']} failed: "
+                         + ("; ".join(bad) or f"records of {len(recs)} ranks"))
+    return recs
+
+
 def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
-                 formula: Callable[[int, int], float] | None = None,
+                 formula: Callable | dict[str, Callable] | None = None,
                  schedules: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per run: the measured bubble ``1 - busy_s / step_s`` (per stage, median
     over its timed steps; the row holds the mean over the stages and each stage's), the
-    formula's value at the run's ``(p, m)``, the step time and the peak micro-batches in
-    flight per stage (``peak_in_flight``: a hand-written schedule's stash at its fullest,
-    or counted from the order torch's schedule ran its ops in).
+    formula's value at the run's ``(p, m)`` (``(p, m, v)`` for a run with ``"virtual"``
+    stages per rank), the step time and the peak micro-batches in flight per stage
+    (``peak_in_flight``: a hand-written schedule's stash at its fullest, or counted from
+    the order torch's schedule ran its ops in; an interleaved rank's over all its stages).
 
     Args:
         runs: the runs given to :func:`~perflab.labs.lab10.ranks.pp_rank`; a run's p is
             its ``"stages"`` (default: all ranks of ``per_rank``), on ranks 0 .. p-1.
         per_rank: ``pp_rank``'s result on each rank (``[rank][run]``).
-        formula: ``formula(p, m)`` (the student's); None or a raising formula leaves
-            the column NaN.
+        formula: ``formula(p, m)`` (the student's), or a dict schedule -> formula (an
+            interleaved run's is called ``formula(p, m, v)``); None, a schedule missing
+            from the dict or a raising formula leaves the column NaN.
         schedules: the schedules to tabulate (None: every run's).
 
     Returns:
-        Columns ``schedule, m, stages, bubble_measured, bubble_rank<k>, bubble_formula,
-        step_ms, in_flight_rank<k>`` (NaN for a stage k the run does not have).
+        Columns ``schedule, m, stages, virtual, bubble_measured, bubble_rank<k>,
+        bubble_formula, step_ms, in_flight_rank<k>`` (NaN for a stage k the run does not
+        have; ``virtual`` is 1 but for an interleaved run).
 
     Raises:
         ValueError: a run's record holds an error (its text is in the message), or no
@@ -167,18 +192,17 @@ def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dic
         if schedules is not None and run["schedule"] not in schedules:
             continue
         p = int(run.get("stages", len(per_rank)))
-        recs = [r[i] for r in per_rank[:p]]
-        bad = [f"rank {k}: {rec['error']}" for k, rec in enumerate(recs) if "error" in rec]
-        if bad or len(recs) < p:
-            raise ValueError(f"run {run['schedule']}, p={p}, m={run['m']} failed: "
-                             + ("; ".join(bad) or f"records of {len(recs)} ranks"))
+        v = int(run.get("virtual", 1))
+        recs = _failed_runs(runs, per_rank, i, p)
         bubbles = [statistics.median(1 - b / s for b, s in zip(rec["busy_s"], rec["step_s"]))
                    for rec in recs]
+        fn = _formula_for(formula, run["schedule"])
         try:
-            want = float(formula(p, int(run["m"]))) if formula is not None else math.nan
+            want = (math.nan if fn is None else
+                    float(fn(p, int(run["m"]), v)) if "virtual" in run else float(fn(p, int(run["m"]))))
         except Exception:  # noqa: BLE001 - the student's formula: shown as missing
             want = math.nan
-        rows.append({"schedule": run["schedule"], "m": int(run["m"]), "stages": p,
+        rows.append({"schedule": run["schedule"], "m": int(run["m"]), "stages": p, "virtual": v,
                      "bubble_measured": statistics.fmean(bubbles),
                      **{f"bubble_rank{k}": b for k, b in enumerate(bubbles)},
                      "bubble_formula": want,
@@ -190,5 +214,47 @@ def bubble_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dic
     flights = [c for c in table.columns if c.startswith("in_flight_rank")]
     table[flights] = table[flights].astype("Int64")   # whole counts, <NA> where no such stage
     bubbles = sorted(c for c in table.columns if c.startswith("bubble_rank"))
-    return table[["schedule", "m", "stages", "bubble_measured", *bubbles, "bubble_formula",
-                  "step_ms", *sorted(flights)]]
+    return table[["schedule", "m", "stages", "virtual", "bubble_measured", *bubbles,
+                  "bubble_formula", "step_ms", *sorted(flights)]]
+
+
+def p2p_table(runs: Sequence[dict[str, Any]], per_rank: Sequence[Sequence[dict[str, Any]]],
+              count: Callable[[int, int, int], Any] | None = None,
+              schedules: Sequence[str] | None = None) -> pd.DataFrame:
+    """One row per run: the point-to-point sends its recorded step made, summed over its
+    ranks (counted on the ranks by :class:`~perflab.labs.lab10.pipeline.P2PTrace`: every
+    ``isend``, however reached), their bytes (float32 tensors: 4 bytes an element, as
+    the pipeline model's), and ``count(p, m, v)`` (the student's).
+
+    Args:
+        runs, per_rank, schedules: as :func:`bubble_table`.
+        count: messages per step for p ranks, m micro-batches, v stages per rank (None,
+            or a raising one: NaN).
+
+    Returns:
+        Columns ``schedule, stages, virtual, m, sends_counted, sent_bytes, sends_formula``.
+
+    Raises:
+        ValueError: a run failed, holds no record of its sends, or no run is of
+            ``schedules``.
+    """
+    rows = []
+    for i, run in enumerate(runs):
+        if schedules is not None and run["schedule"] not in schedules:
+            continue
+        p, v, m = int(run.get("stages", len(per_rank))), int(run.get("virtual", 1)), int(run["m"])
+        recs = _failed_runs(runs, per_rank, i, p)
+        if any(not isinstance(rec.get("sends"), list) for rec in recs):
+            raise ValueError(f"run {run['schedule']}, p={p}, m={m}: no record of its sends")
+        sends = [shape for rec in recs for _, shape in rec["sends"]]
+        try:
+            want = float(count(p, m, v)) if count is not None else math.nan
+        except Exception:  # noqa: BLE001 - the student's count: shown as missing
+            want = math.nan
+        rows.append({"schedule": run["schedule"], "stages": p, "virtual": v, "m": m,
+                     "sends_counted": len(sends),
+                     "sent_bytes": 4 * sum(math.prod(shape or [0]) for shape in sends),
+                     "sends_formula": want})
+    if not rows:
+        raise ValueError(f"no run of the schedules {list(schedules or [])} to tabulate")
+    return pd.DataFrame(rows)
