@@ -44,9 +44,11 @@ demo: setup
 	$(VENV)/bin/perflab run --preset quick
 
 # One pytest run shared by TEST_WORKERS pytest-xdist processes (default 2, this machine's
-# cores): a whole file or notebook per worker, taken in collection order
-# (--no-loadscope-reorder: the solutions, then the browser tests, then the rest; xdist's
-# default order, most tests first, left the 6-minute browser file for last), one OpenMP
+# cores): a whole file or notebook per worker, taken in the order tests/conftest.py
+# sets (--no-loadscope-reorder: the solutions, then the test files that have a `slow`
+# test, then the files with none, so the run ends on short files that fill whichever
+# worker frees up first; xdist's default order, most tests first, left the 6-minute
+# browser file for last); the run prints each file's time and each worker's end, one OpenMP
 # thread per worker so the two do not oversubscribe the cores. Lab times are then printed,
 # not saved (a lab sharing the cores did not take its own time: `make check-solutions`
 # times them alone). TEST_WORKERS=0 runs serially: unit, grading and course tests, then

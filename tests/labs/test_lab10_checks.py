@@ -272,12 +272,14 @@ class ShardedAttention(torch.nn.Module):
         super().__init__()
         d = attn.wq.in_features
         self.hd, self.causal = attn.head_dim, attn.causal
-        for name in ("wq", "wk", "wv"):
-            full = getattr(attn, name)
+
+        def rows(full):
             lin = torch.nn.Linear(d, d // world_size)
             lin.weight.data = full.weight.detach().chunk(world_size, dim=0)[rank].clone()
             lin.bias.data = full.bias.detach().chunk(world_size, dim=0)[rank].clone()
-            setattr(self, name, lin)
+            return lin
+
+        self.wq, self.wk, self.wv = rows(attn.wq), rows(attn.wk), rows(attn.wv)
         self.wo = torch.nn.Linear(d // world_size, d)
         self.wo.weight.data = attn.wo.weight.detach().chunk(world_size, dim=1)[rank].clone()
         self.wo.bias.data = attn.wo.bias.detach().clone()
