@@ -29,7 +29,6 @@ from perflab.course.checks import split_check
 from perflab.distributed import launch_fn
 from perflab.models import mlp
 from perflab.course.references.lab09 import unsharded_adamw
-from perflab.labs.lab09 import sharding_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
@@ -457,11 +456,13 @@ WRONG = {
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_student_code_fails_its_check(name, tmp_path, monkeypatch):
-    zero1, counter, failing = WRONG[name]
-    student = _module(tmp_path, monkeypatch, counter, zero1)
-    ranks = launch_fn(sharding_rank, 2, device="cpu", timeout_s=300,
-                      args=(["ddp", "zero1", "fsdp2"], [32] * 9, 8, 6, student.__name__))
+def test_wrong_student_code_fails_its_check(name, launched):
+    # the lab's sharding launch of this variant's file: its records from the shared launch
+    # (the checks' graded parts launch nothing: check_state_bytes runs the student's
+    # counter here, check_zero1 reads these records)
+    failing = WRONG[name][2]
+    student = importlib.import_module(launched.modules[("code", name)])
+    ranks = launched.lab(("code", name))
     for gid in ("check_state_bytes", "check_zero1"):
         ns = {"small2": ranks, "zero1_student": student, "mlp": mlp, "torch": torch}
         verdict = NB.judge(ns, gid)
@@ -704,53 +705,44 @@ class _Done:
 }
 
 
-def _zero2_ns(tmp_path, monkeypatch, zero2: str) -> dict:
-    student = _module(tmp_path, monkeypatch, _GOOD_COUNTER, _GOOD_ZERO1 + zero2)
-    ranks = launch_fn(sharding_rank, 2, device="cpu", timeout_s=300,
-                      args=(["ddp", "zero2"], [32] * 9, 8, 6, student.__name__, 1e-2, 0.01, 0,
-                            "cpu", 20_000, 0.01))
-    return {"__name__": "__main__", "small2": ranks, "zero1_student": student, "torch": torch,
+def _zero2_ns(launched, variant: str) -> dict:
+    """The notebook's names after its ZeRO-2 launch (DDP and ``variant``'s MyZero2 on the
+    lab's 32 x 9 MLP), the records from the shared launch."""
+    student = importlib.import_module(launched.modules[("zero2", variant)])
+    return {"__name__": "__main__", "small2": launched.lab(("zero2", variant)),
+            "zero1_student": student, "torch": torch,
             "STEPS": 6, "WORLD_SIZE": 2, "ZERO2_BUCKET_MB": 0.01}
-
-
-@pytest.fixture(scope="module")
-def good_zero2_ns(tmp_path_factory):
-    """The reference ZeRO-2's lab launch, once for the tests that read it (a launch costs
-    seconds)."""
-    mp = pytest.MonkeyPatch()
-    try:
-        yield _zero2_ns(tmp_path_factory.mktemp("zero2_good"), mp, _GOOD_ZERO2)
-    finally:
-        mp.undo()
 
 
 @slow
 @pytest.mark.parametrize("seed", [0, "grade:ada"])
-def test_zero2_reference_passes(seed, good_zero2_ns):
-    ns = good_zero2_ns
+def test_zero2_reference_passes(seed, launched, monkeypatch):
+    ns = _zero2_ns(launched, "good")
     NB.run_code(dict(ns), split_check(NB.cells["check_zero2"]).probe)   # the self-check too
-    verdict = NB.judge(ns, "check_zero2", seed=seed)
+    verdict = _judge_launched(monkeypatch, launched, ns, "check_zero2", ("zero2", "good"), seed)
     assert verdict.passed, verdict.message
 
 
 @slow
-def test_zero2_honest_variant_passes(tmp_path, monkeypatch):
-    verdict = NB.judge(_zero2_ns(tmp_path, monkeypatch, _HONEST_ZERO2), "check_zero2", seed=1)
+def test_zero2_honest_variant_passes(launched, monkeypatch):
+    verdict = _judge_launched(monkeypatch, launched, _zero2_ns(launched, "honest"), "check_zero2",
+                              ("zero2", "honest"), 1)
     assert verdict.passed, verdict.message
 
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_ZERO2))
-def test_wrong_zero2_fails(name, tmp_path, monkeypatch, good_zero2_ns):
-    ns = _zero2_ns(tmp_path, monkeypatch, WRONG_ZERO2[name])
-    verdict = NB.judge(ns, "check_zero2")
+def test_wrong_zero2_fails(name, launched, monkeypatch):
+    ns = _zero2_ns(launched, name)
+    verdict = _judge_launched(monkeypatch, launched, ns, "check_zero2", ("zero2", name), 0)
     if "ZeroRedundancyOptimizer" in name:
         # named twice over: the lab's launch recorded it on the ranks ("delegated"), and so
         # do the ranks of the graded call's own launch (the reference's lab records here)
         assert not verdict.passed and "ZeroRedundancyOptimizer" in verdict.message, verdict
         assert all(r["zero2"]["delegated"] == [_ZRO] for r in ns["small2"])
-        good = good_zero2_ns["small2"]
-        hidden_only = NB.judge(dict(ns, small2=good), "check_zero2")
+        good = launched.lab(("zero2", "good"))
+        hidden_only = _judge_launched(monkeypatch, launched, dict(ns, small2=good), "check_zero2",
+                                      ("zero2", name), 0)
         assert not hidden_only.passed and "ZeroRedundancyOptimizer" in hidden_only.message, (
             hidden_only)
         return
@@ -806,37 +798,163 @@ _FSDP_SETTINGS = [{"sizes": [32] * 9, "batch": 8, "steps": 3, "seed": 0, "reshar
                                   (True, "bfloat16", "float32"), (False, "bfloat16", "bfloat16")]]
 
 
-def _fsdp_ns(tmp_path, monkeypatch, fsdp: str, launch: bool = False) -> dict:
-    from perflab.labs.lab09 import fsdp2_rank
+# -- one launch for the rank tests above and below: every variant, the lab's run and the hidden ones --
+#: The seeds each variant's hidden launch is run at: those its tests judge.
+ZERO2_SEEDS = {"good": [0, "grade:ada"], "honest": [1], **{k: [0] for k in WRONG_ZERO2}}
+FSDP2_SEEDS = {"good": [0, "grade:ada"], "honest": [1], **{k: [0] for k in WRONG_FSDP}}
 
-    student = _module(tmp_path, monkeypatch, _FSDP_HEAD + _GOOD_COUNTER, _GOOD_ZERO1 + fsdp)
+
+def _hidden_configs(gid: str, seed) -> list[dict]:
+    """The configs of ``gid``'s hidden launch at ``seed``, drawn as the check draws them."""
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+
+    cases_fn, _ = graded_functions(split_check(NB.cells[gid]).graded, gid)
+    (configs,) = [c["configs"] for c in draw_cases(cases_fn, seed) if c is not None]
+    return configs
+
+
+class _Launched:
+    """What one real 2-rank launch of :func:`perflab.labs.lab09.tasks_rank` recorded, by
+    key: ``("code", name)`` the lab's sharding run of ``WRONG[name]``; ``("zero2",
+    variant)`` / ``("fsdp2", variant)`` the lab's ZeRO-2 / FSDP2 run of that variant's
+    file, and ``(..., seed)`` the tasks its check's hidden launch runs at ``seed``."""
+
+    def __init__(self, modules: dict, tasks: dict, ranks: list):
+        self.modules, self.tasks = modules, tasks
+        spans, at = {}, 0
+        for key, run in tasks.items():
+            spans[key] = range(at, at + len(run))
+            at += len(run)
+        self._records = {key: [[rank[i] for i in span] for rank in ranks]
+                         for key, span in spans.items()}
+
+    def answer(self, key) -> list:
+        """What ``launch_fn(tasks_rank, 2, args=(self.tasks[key],))`` returned: per rank,
+        the tasks' results (a copy, as a launch unpickles a fresh one)."""
+        import copy
+
+        return copy.deepcopy(self._records[key])
+
+    def lab(self, key) -> list:
+        """Per rank, the lab's one run of ``key`` (what launching its rank body returns)."""
+        (_,) = self.tasks[key]
+        return [rank[0] for rank in self.answer(key)]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """ONE real 2-rank launch (each costs seconds) of every student file these tests run on
+    ranks, each its own module: the lab's sharding run of each WRONG variant, the lab's
+    ZeRO-2 run and the hidden ZeRO-2 launches (ZERO2_SEEDS), the lab's FSDP2 run of the
+    reference and the hidden FSDP2 launches (FSDP2_SEEDS). Each task is what a separate
+    launch ran (the same rank function, arguments and student module), so each test still
+    judges real records of its own variant: the lab's records in its namespace, and its
+    check's own launch_fn call answered with the hidden tasks' records (_judge_launched
+    checks the call asks for exactly those tasks)."""
+    import os
+
+    from perflab.labs.lab09 import tasks_rank
+
+    folder = tmp_path_factory.mktemp("lab09_students")
+    modules, tasks = {}, {}
+
+    def student(key, text):
+        modules[key] = f"lab09_{key[0]}_{len(modules)}"
+        (folder / f"{modules[key]}.py").write_text(text)
+        return modules[key]
+
+    for name, (zero1, counter, _) in WRONG.items():
+        mod = student(("code", name), _HEAD + counter + zero1)
+        tasks[("code", name)] = [("sharding", (["ddp", "zero1", "fsdp2"], [32] * 9, 8, 6, mod), {})]
+    zero2 = {"good": _GOOD_ZERO2, "honest": _HONEST_ZERO2, **WRONG_ZERO2}
+    for variant, text in zero2.items():
+        mod = student(("zero2", variant), _HEAD + _GOOD_COUNTER + _GOOD_ZERO1 + text)
+        tasks[("zero2", variant)] = [("sharding", (["ddp", "zero2"], [32] * 9, 8, 6, mod, 1e-2, 0.01,
+                                                   0, "cpu", 20_000, 0.01), {})]
+        for seed in ZERO2_SEEDS[variant]:   # as check_zero2's student_answer builds them
+            tasks[("zero2", variant, seed)] = [
+                ("sharding", (["zero2"], c["sizes"], c["batch"], c["steps"], mod),
+                 {"lr": c["lr"], "weight_decay": c["weight_decay"], "seed": c["seed"],
+                  "zero2_bucket_cap_mb": c["bucket_cap_mb"]})
+                for c in _hidden_configs("check_zero2", seed)]
+    fsdp2 = {"good": _GOOD_FSDP, "honest": _HONEST_FSDP, **WRONG_FSDP}
+    for variant, text in fsdp2.items():
+        mod = student(("fsdp2", variant), _HEAD + _FSDP_HEAD + _GOOD_COUNTER + _GOOD_ZERO1 + text)
+        if variant == "good":   # the notebook's launch, for the self-check
+            tasks[("fsdp2", variant)] = [("fsdp2_student", (_FSDP_SETTINGS, mod), {})]
+        for seed in FSDP2_SEEDS[variant]:   # as check_fsdp2's student_answer builds them
+            tasks[("fsdp2", variant, seed)] = [
+                ("fsdp2_student", (_hidden_configs("check_fsdp2", seed), mod), {})]
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.syspath_prepend(str(folder))   # the tests import the same files here
+        importlib.invalidate_caches()
+        here = os.getcwd()
+        os.chdir(folder)   # the ranks import the students' files from their working folder
+        try:
+            ranks = launch_fn(tasks_rank, 2, device="cpu", timeout_s=600,
+                              args=([t for run in tasks.values() for t in run],))
+        finally:
+            os.chdir(here)
+        yield _Launched(modules, tasks, ranks)
+    finally:
+        mp.undo()
+
+
+def _judge_launched(monkeypatch, launched, ns: dict, gid: str, key: tuple, seed):
+    """Check ``gid`` at ``seed`` on ``ns``, its hidden launch answered from the records of
+    ``key``'s tasks at that seed: the call must ask for exactly those tasks, once."""
+    import perflab.distributed
+    from perflab.labs.lab09 import tasks_rank
+
+    want, answered = launched.tasks[(*key, seed)], []
+
+    def fake_launch(fn, world_size, *, args=(), **kwargs):
+        assert fn is tasks_rank and world_size == 2 and kwargs.get("timeout_s"), (fn, world_size)
+        assert args == (want,), args
+        answered.append(key)
+        return launched.answer((*key, seed))
+
+    monkeypatch.setattr(perflab.distributed, "launch_fn", fake_launch)
+    verdict = NB.judge(ns, gid, seed=seed)
+    # answered after the asserts above: an assert there (an error answer) fails here
+    assert answered == [key], (answered, verdict)
+    return verdict
+
+
+def _fsdp_ns(launched, variant: str) -> dict:
+    """The notebook's names for check_fsdp2 with ``variant``'s file; the reference's also
+    with this notebook's launch (``fsdp2_mine``, for the self-check)."""
+    student = importlib.import_module(launched.modules[("fsdp2", variant)])
     ns = {"__name__": "__main__", "zero1_student": student, "torch": torch, "WORLD_SIZE": 2,
           "NUM_PARAMS": 8448, "FSDP_SETTINGS": _FSDP_SETTINGS}
-    if launch:   # this notebook's launch, for the self-check
-        ns["fsdp2_mine"] = launch_fn(fsdp2_rank, 2, device="cpu", timeout_s=300,
-                                     args=(_FSDP_SETTINGS, student.__name__))
+    if ("fsdp2", variant) in launched.tasks:
+        ns["fsdp2_mine"] = launched.lab(("fsdp2", variant))
     return ns
 
 
 @slow
-def test_fsdp2_reference_passes_its_self_check_and_grading(tmp_path, monkeypatch):
-    ns = _fsdp_ns(tmp_path, monkeypatch, _GOOD_FSDP, launch=True)
+def test_fsdp2_reference_passes_its_self_check_and_grading(launched, monkeypatch):
+    ns = _fsdp_ns(launched, "good")
     NB.run_code(dict(ns), split_check(NB.cells["check_fsdp2"]).probe)
     for seed in (0, "grade:ada"):
-        verdict = NB.judge(ns, "check_fsdp2", seed=seed)
+        verdict = _judge_launched(monkeypatch, launched, ns, "check_fsdp2", ("fsdp2", "good"), seed)
         assert verdict.passed, verdict.message
 
 
 @slow
-def test_fsdp2_honest_variant_passes(tmp_path, monkeypatch):
-    verdict = NB.judge(_fsdp_ns(tmp_path, monkeypatch, _HONEST_FSDP), "check_fsdp2", seed=1)
+def test_fsdp2_honest_variant_passes(launched, monkeypatch):
+    verdict = _judge_launched(monkeypatch, launched, _fsdp_ns(launched, "honest"), "check_fsdp2",
+                              ("fsdp2", "honest"), 1)
     assert verdict.passed, verdict.message
 
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_FSDP))
-def test_wrong_fsdp2_fails(name, tmp_path, monkeypatch):
-    _fails_on_a_hidden_case(NB.judge(_fsdp_ns(tmp_path, monkeypatch, WRONG_FSDP[name]), "check_fsdp2"))
+def test_wrong_fsdp2_fails(name, launched, monkeypatch):
+    _fails_on_a_hidden_case(_judge_launched(monkeypatch, launched, _fsdp_ns(launched, name),
+                                            "check_fsdp2", ("fsdp2", name), 0))
 
 
 # -- check_scaling_model: pure functions on the shipped recording and exact models ------------------

@@ -42,52 +42,132 @@ def _fsdp_source() -> str:
     return src[src.index("class MyFSDP"):src.index("def my_fully_shard")]
 
 
-def _module(tmp_path, monkeypatch, fsdp: str | None = None):
-    src = _reference_file()
-    if fsdp is not None:
-        src = src.replace(_fsdp_source(), fsdp)
-    name = f"fsdp_t{next(_names)}"
-    (tmp_path / f"{name}.py").write_text(src)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    return importlib.import_module(name)
-
-
 def _configs():
     return [{"sizes": SIZES, "batch": 8, "steps": 6, "seed": 0, "lr": 1e-2, "weight_decay": 0.01,
              "reshard_after_forward": r, "prefetch": p, "param_dtype": d} for r, p, d in SETTINGS]
 
 
-def _ns(tmp_path, monkeypatch, fsdp: str | None = None, lab_records=None) -> dict:
+def _ns(launched, variant: str) -> dict:
     """The notebook's names after its launch: ``small2`` (DDP and FSDP2) and
-    ``fsdp_by_hand`` from the module with ``fsdp`` as its MyFSDP (``lab_records``: reuse
-    the reference's launch, so only the graded call's own launch runs the wrong code)."""
-    student = _module(tmp_path, monkeypatch, fsdp)
-    if lab_records is None:
-        tasks = [("sharding", (["ddp", "fsdp2"], SIZES, 8, 6, None), {}),
-                 ("my_fsdp", (_configs(), student.__name__), {})]
-        ranks = launch_fn(tasks_rank, 2, args=(tasks,), device="cpu", timeout_s=300)
-        lab_records = ([r[0] for r in ranks], [r[1] for r in ranks])
-    small2, by_hand = lab_records
-    return {"__name__": "__main__", "small2": small2, "fsdp_by_hand": by_hand,
+    ``fsdp_by_hand`` from ``variant``'s file ("reference" or "honest"), the records of the
+    lab's launch of that file in the shared launch."""
+    student = importlib.import_module(launched.modules[variant])
+    (sharding, by_hand), per_rank = launched.tasks[(variant, "lab")], launched.answer((variant, "lab"))
+    assert sharding[0] == "sharding" and by_hand[0] == "my_fsdp"
+    return {"__name__": "__main__", "small2": [r[0] for r in per_rank],
+            "fsdp_by_hand": [r[1] for r in per_rank],
             "zero1_student": student, "torch": torch, "STEPS": 6, "WORLD_SIZE": 2,
             "SIZES": SIZES, "FSDP_BY_HAND": _configs()}
 
 
+#: The seeds each file's hidden launch (check_my_fsdp's graded call) is run at: those
+#: its tests judge.
+HIDDEN_SEEDS = {"reference": [0, "grade:ada"], "honest": [1]}
+
+
+def _hidden_configs(seed) -> list[dict]:
+    """The configs of check_my_fsdp's hidden launch at ``seed``, drawn as the check draws them."""
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+
+    cases_fn, _ = graded_functions(split_check(NB.cells["check_my_fsdp"]).graded, "check_my_fsdp")
+    (configs,) = [c["configs"] for c in draw_cases(cases_fn, seed) if c is not None]
+    return configs
+
+
+class _Launched:
+    """What one real 2-rank launch of :func:`perflab.labs.lab09.tasks_rank` recorded, by
+    key: ``(variant, "lab")`` the notebook's launch of that file (DDP and FSDP2, then its
+    MyFSDP on the lab's settings), ``(variant, seed)`` check_my_fsdp's hidden launch of it
+    at ``seed``."""
+
+    def __init__(self, modules: dict, tasks: dict, ranks: list):
+        self.modules, self.tasks = modules, tasks
+        spans, at = {}, 0
+        for key, run in tasks.items():
+            spans[key] = range(at, at + len(run))
+            at += len(run)
+        self._records = {key: [[rank[i] for i in span] for rank in ranks]
+                         for key, span in spans.items()}
+
+    def answer(self, key) -> list:
+        """What ``launch_fn(tasks_rank, 2, args=(self.tasks[key],))`` returned: per rank,
+        the tasks' results (a copy, as a launch unpickles a fresh one)."""
+        import copy
+
+        return copy.deepcopy(self._records[key])
+
+
 @pytest.fixture(scope="module")
-def reference_ns(tmp_path_factory):
+def launched(tmp_path_factory):
+    """ONE real 2-rank launch (each costs seconds) of every MyFSDP file here, each its own
+    module: the notebook's launch of the reference and of the honest variant, their hidden
+    launches (HIDDEN_SEEDS) and each WRONG variant's hidden launch at WRONG_SEED. Each task
+    is what a separate launch ran (the same rank function, arguments and student module),
+    so each test still judges real records of its own file: the lab's in its namespace, and
+    its check's own launch_fn call answered with the hidden tasks' records
+    (_judge_launched checks the call asks for exactly those tasks)."""
+    import os
+
+    folder = tmp_path_factory.mktemp("fsdp")
+    sources = {"reference": _reference_file(),
+               "honest": _reference_file().replace(_fsdp_source(), _HONEST),
+               **{name: _reference_file().replace(_fsdp_source(), make()) for name, make in WRONG.items()}}
+    modules, tasks = {}, {}
+    for variant, text in sources.items():
+        modules[variant] = f"fsdp_l{next(_names)}"
+        (folder / f"{modules[variant]}.py").write_text(text)
+        if variant in HIDDEN_SEEDS:   # the notebook's launch
+            tasks[(variant, "lab")] = [("sharding", (["ddp", "fsdp2"], SIZES, 8, 6, None), {}),
+                                       ("my_fsdp", (_configs(), modules[variant]), {})]
+        for seed in HIDDEN_SEEDS.get(variant, [WRONG_SEED]):   # as check_my_fsdp builds them
+            tasks[(variant, seed)] = [("my_fsdp", (_hidden_configs(seed), modules[variant]), {})]
     mp = pytest.MonkeyPatch()
     try:
-        yield _ns(tmp_path_factory.mktemp("fsdp"), mp)
+        mp.syspath_prepend(str(folder))   # the tests import the same files here
+        importlib.invalidate_caches()
+        here = os.getcwd()
+        os.chdir(folder)   # the ranks import the student's module from the working folder
+        try:
+            ranks = launch_fn(tasks_rank, 2, device="cpu", timeout_s=600,
+                              args=([t for run in tasks.values() for t in run],))
+        finally:
+            os.chdir(here)
+        yield _Launched(modules, tasks, ranks)
     finally:
         mp.undo()
 
 
+def _judge_launched(monkeypatch, launched, ns: dict, variant: str, seed):
+    """check_my_fsdp at ``seed`` on ``ns``, its hidden launch answered from the records of
+    ``variant``'s tasks at that seed: the call must ask for exactly those tasks, once."""
+    import perflab.distributed
+
+    want, answered = launched.tasks[(variant, seed)], []
+
+    def fake_launch(fn, world_size, *, args=(), **kwargs):
+        assert fn is tasks_rank and world_size == 2 and kwargs.get("timeout_s"), (fn, world_size)
+        assert args == (want,), args
+        answered.append(variant)
+        return launched.answer((variant, seed))
+
+    monkeypatch.setattr(perflab.distributed, "launch_fn", fake_launch)
+    verdict = NB.judge(ns, "check_my_fsdp", seed=seed)
+    # answered after the asserts above: an assert there (an error answer) fails here
+    assert answered == [variant], (answered, verdict)
+    return verdict
+
+
+@pytest.fixture(scope="module")
+def reference_ns(launched):
+    return _ns(launched, "reference")
+
+
 @slow
 @pytest.mark.parametrize("seed", [0, "grade:ada"])
-def test_reference_passes(seed, reference_ns):
+def test_reference_passes(seed, reference_ns, launched, monkeypatch):
     NB.run_code(dict(reference_ns), split_check(NB.cells["check_my_fsdp"]).probe)   # visible
-    verdict = NB.judge(reference_ns, "check_my_fsdp", seed=seed)
+    verdict = _judge_launched(monkeypatch, launched, dict(reference_ns), "reference", seed)
     assert verdict.passed, verdict.message
 
 
@@ -248,10 +328,10 @@ class MyFSDP:
 
 
 @slow
-def test_honest_variant_passes(tmp_path, monkeypatch):
-    ns = _ns(tmp_path, monkeypatch, _HONEST)
+def test_honest_variant_passes(launched, monkeypatch):
+    ns = _ns(launched, "honest")
     NB.run_code(dict(ns), split_check(NB.cells["check_my_fsdp"]).probe)
-    verdict = NB.judge(ns, "check_my_fsdp", seed=1)
+    verdict = _judge_launched(monkeypatch, launched, ns, "honest", 1)
     assert verdict.passed, verdict.message
 
 
@@ -267,53 +347,16 @@ WHY = {"never frees": ("unsharded at once", "differ from unsharded AdamW"),   # 
        "wraps fully_shard": ("torch's sharding",)}
 
 
-@pytest.fixture(scope="module")
-def wrong_launch(tmp_path_factory):
-    """variant -> per-rank records of the check's hidden launch (the configs drawn at
-    WRONG_SEED) with that wrong MyFSDP: every variant in ONE 2-rank launch (each launch
-    costs seconds), read back by the check's own student_answer below."""
-    import os
-
-    from perflab.course.cases import draw_cases
-    from perflab.course.checks import graded_functions
-
-    cases_fn, _ = graded_functions(split_check(NB.cells["check_my_fsdp"]).graded, "check_my_fsdp")
-    (configs,) = [c["configs"] for c in draw_cases(cases_fn, WRONG_SEED) if c is not None]
-    folder = tmp_path_factory.mktemp("fsdp_wrong")
-    modules = {}
-    for name, make in WRONG.items():
-        modules[name] = f"fsdp_w{next(_names)}"
-        (folder / f"{modules[name]}.py").write_text(
-            _reference_file().replace(_fsdp_source(), make()))
-    here = os.getcwd()
-    os.chdir(folder)   # the ranks import the student's module from the working folder
-    try:
-        ranks = launch_fn(tasks_rank, 2, device="cpu", timeout_s=300,
-                          args=([("my_fsdp", (configs, m), {}) for m in modules.values()],))
-    finally:
-        os.chdir(here)
-    return configs, modules, {name: [rank[k] for rank in ranks] for k, name in enumerate(modules)}
-
-
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_fsdp_fails(name, monkeypatch, reference_ns, wrong_launch):
-    # the notebook's own launch is the reference's; the graded call's launch is the shared
-    # one above, handed to the check's student_answer in place of a new launch
+def test_wrong_fsdp_fails(name, monkeypatch, reference_ns, launched):
+    # the notebook's own launch is the reference's; the graded call's launch is this wrong
+    # file's hidden launch in the shared one, handed to the check's student_answer in place
+    # of a new launch
     import types
 
-    import perflab.distributed
-
-    configs, modules, records = wrong_launch
-
-    def launched(fn, world_size, *, args, **kwargs):
-        ((task, (cfgs, module), _),) = args[0]
-        assert task == "my_fsdp" and cfgs == configs and module == modules[name]
-        return [[rank] for rank in records[name]]
-
-    monkeypatch.setattr(perflab.distributed, "launch_fn", launched)
-    ns = dict(reference_ns, zero1_student=types.SimpleNamespace(__name__=modules[name]))
-    verdict = NB.judge(ns, "check_my_fsdp", seed=WRONG_SEED)
+    ns = dict(reference_ns, zero1_student=types.SimpleNamespace(__name__=launched.modules[name]))
+    verdict = _judge_launched(monkeypatch, launched, ns, name, WRONG_SEED)
     assert not verdict.passed and verdict.message.startswith("hidden case"), verdict
     assert any(why in verdict.message for why in WHY[name]), verdict.message   # not a crash
     if name == "wraps fully_shard":
