@@ -120,3 +120,71 @@ def notebook_points(lab_path: Path) -> int:
     nb = nbformat.read(str(lab_path), as_version=4)
     return sum(c.metadata["nbgrader"].get("points", 0) for c in nb.cells
                if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade"))
+
+
+def hidden_configs(lab: "Lab", gid: str, seed) -> list[dict]:
+    """The ``"configs"`` of check ``gid``'s hidden launch at ``seed``, drawn as the check
+    draws them (its one non-None case): what a shared test launch runs for it."""
+    cases_fn, _ = graded_functions(split_check(lab.cells[gid]).graded, gid)
+    (configs,) = [c["configs"] for c in draw_cases(cases_fn, seed) if c is not None]
+    return configs
+
+
+class LaunchedTasks:
+    """What one real launch of a lab's ``tasks_rank`` (a list of tasks per rank, e.g.
+    :func:`perflab.labs.lab09.tasks_rank`) recorded, by key: ``tasks`` maps each key to
+    the tasks a separate launch would have run, in the order they were run together, and
+    ``modules`` each key's student module name. One launch serves many tests (each
+    costs seconds); each key's records are what its own launch would have returned."""
+
+    def __init__(self, modules: dict, tasks: dict, ranks: list):
+        self.modules, self.tasks = modules, tasks
+        spans, at = {}, 0
+        for key, run in tasks.items():
+            spans[key] = range(at, at + len(run))
+            at += len(run)
+        self._records = {key: [[rank[i] for i in span] for rank in ranks]
+                         for key, span in spans.items()}
+
+    def answer(self, key) -> list:
+        """What ``launch_fn(tasks_rank, world, args=(self.tasks[key],))`` returned: per
+        rank, the tasks' results (a copy, as a launch unpickles a fresh one)."""
+        import copy
+
+        return copy.deepcopy(self._records[key])
+
+    def lab(self, key) -> list:
+        """Per rank, the result of ``key``'s one task (what launching its rank body
+        returns)."""
+        (_,) = self.tasks[key]
+        return [rank[0] for rank in self.answer(key)]
+
+
+def launch_tasks(folder: Path, modules: dict, tasks: dict, rank_fn, world_size: int = 2,
+                 timeout_s: float = 600):
+    """A generator for a module-scoped fixture: ONE real launch of ``rank_fn`` (a lab's
+    ``tasks_rank``) on every key's tasks, run in ``folder`` (the ranks import the
+    students' files from their working folder), the folder on ``sys.path`` here too
+    while the fixture lives (the tests import the same files); yields the
+    :class:`LaunchedTasks`."""
+    import importlib
+    import os
+
+    import pytest
+
+    from perflab.distributed import launch_fn
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.syspath_prepend(str(folder))
+        importlib.invalidate_caches()
+        here = os.getcwd()
+        os.chdir(folder)
+        try:
+            ranks = launch_fn(rank_fn, world_size, device="cpu", timeout_s=timeout_s,
+                              args=([t for run in tasks.values() for t in run],))
+        finally:
+            os.chdir(here)
+        yield LaunchedTasks(modules, tasks, ranks)
+    finally:
+        mp.undo()

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, grade_wrong, notebook_points
+from tests.labs.labcheck import Lab, grade_wrong, hidden_configs, launch_tasks, notebook_points
 from perflab.course.checks import split_check
 from perflab.distributed import launch_fn
 from perflab.models import mlp
@@ -805,41 +805,7 @@ FSDP2_SEEDS = {"good": [0, "grade:ada"], "honest": [1], **{k: [0] for k in WRONG
 
 
 def _hidden_configs(gid: str, seed) -> list[dict]:
-    """The configs of ``gid``'s hidden launch at ``seed``, drawn as the check draws them."""
-    from perflab.course.cases import draw_cases
-    from perflab.course.checks import graded_functions
-
-    cases_fn, _ = graded_functions(split_check(NB.cells[gid]).graded, gid)
-    (configs,) = [c["configs"] for c in draw_cases(cases_fn, seed) if c is not None]
-    return configs
-
-
-class _Launched:
-    """What one real 2-rank launch of :func:`perflab.labs.lab09.tasks_rank` recorded, by
-    key: ``("code", name)`` the lab's sharding run of ``WRONG[name]``; ``("zero2",
-    variant)`` / ``("fsdp2", variant)`` the lab's ZeRO-2 / FSDP2 run of that variant's
-    file, and ``(..., seed)`` the tasks its check's hidden launch runs at ``seed``."""
-
-    def __init__(self, modules: dict, tasks: dict, ranks: list):
-        self.modules, self.tasks = modules, tasks
-        spans, at = {}, 0
-        for key, run in tasks.items():
-            spans[key] = range(at, at + len(run))
-            at += len(run)
-        self._records = {key: [[rank[i] for i in span] for rank in ranks]
-                         for key, span in spans.items()}
-
-    def answer(self, key) -> list:
-        """What ``launch_fn(tasks_rank, 2, args=(self.tasks[key],))`` returned: per rank,
-        the tasks' results (a copy, as a launch unpickles a fresh one)."""
-        import copy
-
-        return copy.deepcopy(self._records[key])
-
-    def lab(self, key) -> list:
-        """Per rank, the lab's one run of ``key`` (what launching its rank body returns)."""
-        (_,) = self.tasks[key]
-        return [rank[0] for rank in self.answer(key)]
+    return hidden_configs(NB, gid, seed)
 
 
 @pytest.fixture(scope="module")
@@ -852,8 +818,6 @@ def launched(tmp_path_factory):
     judges real records of its own variant: the lab's records in its namespace, and its
     check's own launch_fn call answered with the hidden tasks' records (_judge_launched
     checks the call asks for exactly those tasks)."""
-    import os
-
     from perflab.labs.lab09 import tasks_rank
 
     folder = tmp_path_factory.mktemp("lab09_students")
@@ -886,20 +850,7 @@ def launched(tmp_path_factory):
         for seed in FSDP2_SEEDS[variant]:   # as check_fsdp2's student_answer builds them
             tasks[("fsdp2", variant, seed)] = [
                 ("fsdp2_student", (_hidden_configs("check_fsdp2", seed), mod), {})]
-    mp = pytest.MonkeyPatch()
-    try:
-        mp.syspath_prepend(str(folder))   # the tests import the same files here
-        importlib.invalidate_caches()
-        here = os.getcwd()
-        os.chdir(folder)   # the ranks import the students' files from their working folder
-        try:
-            ranks = launch_fn(tasks_rank, 2, device="cpu", timeout_s=600,
-                              args=([t for run in tasks.values() for t in run],))
-        finally:
-            os.chdir(here)
-        yield _Launched(modules, tasks, ranks)
-    finally:
-        mp.undo()
+    yield from launch_tasks(folder, modules, tasks, tasks_rank)
 
 
 def _judge_launched(monkeypatch, launched, ns: dict, gid: str, key: tuple, seed):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab
+from tests.labs.labcheck import Lab, hidden_configs, launch_tasks
 from perflab.course.checks import split_check
 from perflab.distributed import launch_fn
 from perflab.labs.lab09 import tasks_rank
@@ -66,36 +66,7 @@ HIDDEN_SEEDS = {"reference": [0, "grade:ada"], "honest": [1]}
 
 
 def _hidden_configs(seed) -> list[dict]:
-    """The configs of check_my_fsdp's hidden launch at ``seed``, drawn as the check draws them."""
-    from perflab.course.cases import draw_cases
-    from perflab.course.checks import graded_functions
-
-    cases_fn, _ = graded_functions(split_check(NB.cells["check_my_fsdp"]).graded, "check_my_fsdp")
-    (configs,) = [c["configs"] for c in draw_cases(cases_fn, seed) if c is not None]
-    return configs
-
-
-class _Launched:
-    """What one real 2-rank launch of :func:`perflab.labs.lab09.tasks_rank` recorded, by
-    key: ``(variant, "lab")`` the notebook's launch of that file (DDP and FSDP2, then its
-    MyFSDP on the lab's settings), ``(variant, seed)`` check_my_fsdp's hidden launch of it
-    at ``seed``."""
-
-    def __init__(self, modules: dict, tasks: dict, ranks: list):
-        self.modules, self.tasks = modules, tasks
-        spans, at = {}, 0
-        for key, run in tasks.items():
-            spans[key] = range(at, at + len(run))
-            at += len(run)
-        self._records = {key: [[rank[i] for i in span] for rank in ranks]
-                         for key, span in spans.items()}
-
-    def answer(self, key) -> list:
-        """What ``launch_fn(tasks_rank, 2, args=(self.tasks[key],))`` returned: per rank,
-        the tasks' results (a copy, as a launch unpickles a fresh one)."""
-        import copy
-
-        return copy.deepcopy(self._records[key])
+    return hidden_configs(NB, "check_my_fsdp", seed)
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +78,6 @@ def launched(tmp_path_factory):
     so each test still judges real records of its own file: the lab's in its namespace, and
     its check's own launch_fn call answered with the hidden tasks' records
     (_judge_launched checks the call asks for exactly those tasks)."""
-    import os
-
     folder = tmp_path_factory.mktemp("fsdp")
     sources = {"reference": _reference_file(),
                "honest": _reference_file().replace(_fsdp_source(), _HONEST),
@@ -122,20 +91,7 @@ def launched(tmp_path_factory):
                                        ("my_fsdp", (_configs(), modules[variant]), {})]
         for seed in HIDDEN_SEEDS.get(variant, [WRONG_SEED]):   # as check_my_fsdp builds them
             tasks[(variant, seed)] = [("my_fsdp", (_hidden_configs(seed), modules[variant]), {})]
-    mp = pytest.MonkeyPatch()
-    try:
-        mp.syspath_prepend(str(folder))   # the tests import the same files here
-        importlib.invalidate_caches()
-        here = os.getcwd()
-        os.chdir(folder)   # the ranks import the student's module from the working folder
-        try:
-            ranks = launch_fn(tasks_rank, 2, device="cpu", timeout_s=600,
-                              args=([t for run in tasks.values() for t in run],))
-        finally:
-            os.chdir(here)
-        yield _Launched(modules, tasks, ranks)
-    finally:
-        mp.undo()
+    yield from launch_tasks(folder, modules, tasks, tasks_rank)
 
 
 def _judge_launched(monkeypatch, launched, ns: dict, variant: str, seed):
