@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["mlp_block", "Attention", "TransformerBlock", "transformer_block", "tp_tensors", "SimulatedWork", "pipeline_model", "pipeline_batch"]
+__all__ = ["mlp_block", "Attention", "TransformerBlock", "transformer_block", "tp_tensors",
+           "SimulatedWork", "pipeline_model", "pipeline_batch"]
 
 
 def mlp_block(d: int, seed: int = 0) -> torch.nn.Sequential:
