@@ -23,16 +23,18 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["local_nbytes", "state_bytes", "count_collectives", "COLLECTIVE_KINDS"]
+__all__ = ["local_nbytes", "state_bytes", "count_collectives", "message_nbytes",
+           "COLLECTIVE_KINDS", "COLLECTIVE_MESSAGES"]
 
-#: torch.distributed function -> the kind it is counted under, and which argument is the
-#: message (nccl-tests' "size": the full buffer, not one rank's part of it).
-_WRAPPED: dict[str, tuple[str, str]] = {
+#: torch.distributed function -> the kind it is counted under, and which argument (its
+#: name in torch 2.13's signature) is the message (nccl-tests' "size": the full buffer,
+#: not one rank's part of it). Lab 10's ``HandTPTrace`` reads the same arguments.
+COLLECTIVE_MESSAGES: dict[str, tuple[str, str]] = {
     "all_reduce": ("all_reduce", "tensor"),
     "broadcast": ("broadcast", "tensor"),
     "all_gather": ("all_gather", "tensor_list"),
-    "all_gather_into_tensor": ("all_gather", "output"),
-    "all_gather_single": ("all_gather", "output"),        # FSDP2's all-gather (torch 2.13)
+    "all_gather_into_tensor": ("all_gather", "output_tensor"),
+    "all_gather_single": ("all_gather", "output_tensor"),  # FSDP2's all-gather (torch 2.13)
     "reduce_scatter": ("reduce_scatter", "input_list"),
     "reduce_scatter_tensor": ("reduce_scatter", "input"),
     "reduce_scatter_single": ("reduce_scatter", "input"),  # FSDP2's reduce-scatter
@@ -105,7 +107,10 @@ def state_bytes(model: torch.nn.Module, optimizer: Any = None) -> dict[str, int]
     return out
 
 
-def _message_nbytes(value: Any) -> int:
+def message_nbytes(value: Any) -> int:
+    """Bytes of a collective's message on this rank: a tensor's :func:`local_nbytes`, a
+    list or tuple's sum (the list forms of all-gather and reduce-scatter), 0 for anything
+    else."""
     if isinstance(value, (list, tuple)):
         return sum(local_nbytes(t) for t in value)
     return local_nbytes(value)
@@ -161,7 +166,7 @@ class count_collectives:  # noqa: N801 - used as a context manager, named like o
     def _wrap(self, name: str, fn: Any) -> Any:
         import inspect
 
-        kind, arg = _WRAPPED[name]
+        kind, arg = COLLECTIVE_MESSAGES[name]
         sig = inspect.signature(fn)
 
         @functools.wraps(fn)
@@ -171,7 +176,7 @@ class count_collectives:  # noqa: N801 - used as a context manager, named like o
                 message = bound.get(arg, bound.get("output_tensor", bound.get("tensor")))
                 self.calls[kind] += 1
                 self.phase_calls[self.phase][kind] += 1
-                self.bytes[kind] += _message_nbytes(message)
+                self.bytes[kind] += message_nbytes(message)
             self._depth += 1
             try:
                 out = fn(*args, **kwargs)
@@ -188,7 +193,7 @@ class count_collectives:  # noqa: N801 - used as a context manager, named like o
 
         if self._saved:
             raise RuntimeError("count_collectives is already open; use a new one")
-        for name in _WRAPPED:
+        for name in COLLECTIVE_MESSAGES:
             fn = getattr(dist, name, None)
             if fn is not None:
                 self._saved[name] = fn

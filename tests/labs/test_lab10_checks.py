@@ -863,19 +863,23 @@ def test_2d_accounting_written_for_tp_2_only_fails():
 PP_CHECKS = ("check_gpipe_hand", "check_1f1b_hand", "check_pp_loss", "check_interleaved")
 
 
+def _judge_chain(monkeypatch, launched, checks: tuple, variant: str, seed, ranks=None) -> dict:
+    """``checks`` at ``seed``, in notebook order, in one namespace: the first one's launch
+    answered from ``variant``'s records (``ranks``: these records instead), the later ones
+    reading the records it kept (sealed). Returns ``{grade_id: verdict}``."""
+    ns = {"__name__": "__main__"}
+    verdicts = {checks[0]: _judge_launched(monkeypatch, launched, checks[0], variant, seed, ns, ranks)}
+    for gid in checks[1:]:
+        verdicts[gid] = NB.judge(ns, gid, seed=seed)
+    return verdicts
+
+
 def _judge_pp(monkeypatch, launched4, variant: str, seed, ranks=None) -> dict:
-    """The three pipeline checks at ``seed``, in notebook order, in one namespace: the first
-    one's launch answered from ``variant``'s records (``ranks``: these records instead),
-    the later two reading the records it kept. Returns ``{grade_id: verdict}``."""
+    """The pipeline checks (PP_CHECKS), no launch kept from an earlier test."""
     import perflab.labs.lab10.ranks as lab10_ranks
 
     monkeypatch.setattr(lab10_ranks, "_CHECK_LAUNCH", {})
-    ns = {"__name__": "__main__"}
-    verdicts = {"check_gpipe_hand": _judge_launched(monkeypatch, launched4, "check_gpipe_hand",
-                                                    variant, seed, ns, ranks)}
-    for gid in PP_CHECKS[1:]:
-        verdicts[gid] = NB.judge(ns, gid, seed=seed)
-    return verdicts
+    return _judge_chain(monkeypatch, launched4, PP_CHECKS, variant, seed, ranks)
 
 
 @slow
@@ -1134,10 +1138,7 @@ BLOCK_CHECKS = ("check_tp_block", "check_sp_hand")
 def _judge_blocks(monkeypatch, launched, variant: str, seed) -> dict:
     """check_tp_hand graded on ``variant``'s records (its launch keeps the block records, as in
     the sandbox), then the block checks after it: {grade_id: verdict}."""
-    out = {"check_tp_hand": _judge_launched(monkeypatch, launched, "check_tp_hand", variant, seed)}
-    for gid in BLOCK_CHECKS:
-        out[gid] = NB.judge({"__name__": "__main__"}, gid, seed=seed)
-    return out
+    return _judge_chain(monkeypatch, launched, ("check_tp_hand", *BLOCK_CHECKS), variant, seed)
 
 
 @slow

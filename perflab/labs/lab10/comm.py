@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from perflab.analysis.sharding import message_nbytes
+
 __all__ = ["count_functional_collectives", "wire_bytes"]
 
 #: functional op name -> (kind, how the message size follows from the first argument)
@@ -50,12 +52,6 @@ def wire_bytes(kind: str, message_bytes: float, world_size: int) -> float:
     return factors[kind] * (world_size - 1) / world_size * message_bytes
 
 
-def _nbytes(value: Any) -> int:
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return value.numel() * value.element_size() if torch.is_tensor(value) else 0
-
-
 class count_functional_collectives(TorchDispatchMode):  # noqa: N801 - a context manager
     """Count functional collectives (DTensor's) by kind, with message bytes, while open.
 
@@ -84,7 +80,7 @@ class count_functional_collectives(TorchDispatchMode):  # noqa: N801 - a context
         name = func._schema.name
         if name.startswith("_c10d_functional::") and name.split("::")[1] in _KINDS:
             op = name.split("::")[1]
-            kind, nbytes = _KINDS[op], _nbytes(args[0])
+            kind, nbytes = _KINDS[op], message_nbytes(args[0])
             if kind == "all_gather":
                 nbytes *= int(args[1])   # all_gather_into_tensor(input, group_size, group)
             self.calls[kind] += 1

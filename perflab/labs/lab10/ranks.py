@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from perflab.analysis.sharding import count_collectives
+from perflab.analysis.sharding import COLLECTIVE_MESSAGES, count_collectives, message_nbytes
 from perflab.core.timing import PerfCounterClock
 from perflab.distributed import launch_fn
 from perflab.labs.lab10.comm import count_functional_collectives
@@ -71,20 +71,10 @@ def _object_at(path: str) -> Any:
 
 
 #: ``torch.distributed`` collectives :class:`HandTPTrace` records -> (kind, the argument
-#: whose bytes are the message: nccl-tests' size, the full tensor).
-TRACED_COLLECTIVES = {"all_reduce": ("all_reduce", "tensor"),
-                      "all_gather": ("all_gather", "tensor_list"),
-                      "all_gather_into_tensor": ("all_gather", "output_tensor"),
-                      "all_gather_single": ("all_gather", "output_tensor"),
-                      "reduce_scatter": ("reduce_scatter", "input_list"),
-                      "reduce_scatter_tensor": ("reduce_scatter", "input"),
-                      "reduce_scatter_single": ("reduce_scatter", "input")}
-
-
-def _message_bytes(value: Any) -> int:
-    if isinstance(value, (list, tuple)):
-        return sum(_message_bytes(v) for v in value)
-    return int(value.numel() * value.element_size()) if torch.is_tensor(value) else 0
+#: whose bytes are the message: nccl-tests' size, the full tensor): count_collectives'
+#: table without broadcast.
+TRACED_COLLECTIVES = {name: kind_arg for name, kind_arg in COLLECTIVE_MESSAGES.items()
+                      if kind_arg[0] != "broadcast"}
 
 
 class HandTPTrace(CallTrace):
@@ -132,7 +122,7 @@ class HandTPTrace(CallTrace):
         if traced is None:
             return
         kind, arg = traced
-        nbytes = _message_bytes(frame.f_locals.get(arg))
+        nbytes = message_nbytes(frame.f_locals.get(arg))
         caller, own, nested = frame.f_back, False, False
         while caller is not None:
             own = own or caller.f_code in self._own
@@ -532,8 +522,7 @@ def _pp_run(student: Any, run: dict[str, Any], rank: int, group: Any) -> dict[st
         if step == 1:
             _simulated(model, on=True, saved=saved)
         stash = Stash() if hand else None
-        order.clear()
-        for probe in probes:
+        for probe in probes:   # each reset empties the one order list they share
             probe.reset(stash)
         for mod in mine:
             mod.zero_grad(set_to_none=True)
