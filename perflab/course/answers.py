@@ -20,7 +20,10 @@ exercise can allow more (solution-cell metadata ``perflab: {allow: [...]}``): bo
 :func:`allowances`. The *exec family* (``exec``/``eval``/``compile``, ``runpy``,
 ``cProfile``/``profile`` ``run``/``runctx``, ``importlib`` loading a file,
 ``types.FunctionType``, ``code.replace``, ``__code__`` assignment) is always a finding: it
-is how a second copy of a forbidden helper's code is made at run time.
+is how a second copy of a forbidden helper's code is made at run time. So is the notebook's
+shell (``get_ipython()``, ``exit._ip``, its input transformers and ``pre_run_cell``
+callbacks, which rewrite later cells): an exercise's allowance of it covers a line magic's
+own line, never Python.
 The "predict, then explain" cells (nbgrader manually graded cells) are collected for
 the instructor by :mod:`perflab.course.written`.
 """
@@ -30,6 +33,7 @@ import ast
 import copy
 import dataclasses
 import re
+import sys
 
 import nbformat
 
@@ -132,12 +136,145 @@ MODULE_NAMES = frozenset({"torch", "perflab", "np", "numpy", "nn", "F", "json", 
                           "time", "random", "functools", "itertools", "collections",
                           "statistics", "pd", "pandas", "plt", "matplotlib", "builtins",
                           "sys", "os", "IPython", "types", "widgets", "ipywidgets"})
-#: Cell magics whose body is Python the scan reads as Python (``%%writefile`` bodies are
-#: modules the notebook imports: they are scanned like any answer).
-_BODY_MAGICS = ("%%writefile", "%%file", "%%time", "%%timeit", "%%capture")
+#: Attributes of the IPython shell that run, rewrite or hook later cells (input and AST
+#: transformers, magics, callbacks on errors, the user namespace): key ``IPython <name>``.
+#: Every name starting with ``input_transformer`` is one of them too.
+SHELL_ATTRS = frozenset({
+    "run_line_magic", "run_cell_magic", "system", "getoutput", "input_transformer_manager",
+    "ast_transformers", "transform_cell", "transform_ast", "register_magic_function",
+    "register_magics", "magics_manager", "prefilter_manager", "set_custom_exc", "set_hook",
+    "user_ns", "user_global_ns", "user_ns_hidden", "run_cell", "run_cell_async",
+    "run_ast_nodes", "safe_execfile", "safe_execfile_ipy", "safe_run_module"})
+#: IPython's events (``ip.events.register('pre_run_cell', f)``): a callback on one of them
+#: runs before or after every later cell.
+SHELL_EVENTS = frozenset({"pre_execute", "pre_run_cell", "post_execute", "post_run_cell",
+                          "shell_initialized"})
+#: Names IPython binds to objects that hold the shell: ``exit._ip`` and ``quit._ip`` are
+#: the shell. A plain call (``exit()``) is not a finding; any other use is.
+_SHELL_HOLDERS = ("exit", "quit")
+#: Keys that name the notebook's shell. An ``allow`` entry for one of them covers a line
+#: magic's own line only (``%matplotlib inline``): never a Python line, a ``%%writefile``
+#: body, or another cell magic's body (which IPython hands to the magic on the same line).
+_SHELL_KEYS = ("name get_ipython", "IPython ", "name _ip", "attribute _ip", "getattr _ip",
+               "name exit", "name quit")
+#: Cell magics that write their body, verbatim, to a file (a module the notebook imports):
+#: the body is scanned as the module it is.
+_WRITE_MAGICS = ("writefile", "file")
+#: Cell magics that run their body as a cell (IPython transforms it first): the body is
+#: scanned as a cell; ``%%timeit``'s line is a setup statement, scanned too.
+_RUN_MAGICS = ("time", "timeit", "capture")
 #: Line magics that only time or show a statement: the statement is scanned, the magic
 #: is not a finding.
 _LINE_MAGIC = re.compile(r"^(\s*)%(?:time|timeit)((?:\s+-[a-zA-Z](?:\s*\d+)?)*)\s+(\S.*)$")
+#: ``%%timeit``'s options before its setup statement.
+_TIMEIT_OPTIONS = re.compile(r"^((?:\s*-[a-zA-Z](?:\s*\d+)?)*)\s*")
+#: A ``%%writefile`` target that is an honest module: a plain ``name.py`` in the notebook's
+#: folder (no path, no ``{var}``/``$var`` expansion) that shadows no module the notebook
+#: or the grader imports (:data:`_SHADOWED`).
+_PLAIN_TARGET = re.compile(r"[A-Za-z_]\w*\.py")
+#: Module names a ``%%writefile`` target must not take: the standard library, what the
+#: labs and the grader import, and what Python and pytest load by themselves.
+_SHADOWED = frozenset(sys.stdlib_module_names) | MODULE_NAMES | frozenset(
+    m.split(".")[0] for m in BLOCKED_MODULES) | frozenset({
+        "perflab", "torch", "numpy", "pandas", "matplotlib", "IPython", "ipykernel",
+        "nbformat", "nbclient", "nbval", "pytest", "_pytest", "conftest", "sitecustomize",
+        "usercustomize", "typing_extensions", "torchvision", "triton", "scipy"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cell:
+    """A cell as the scan reads it: the Python IPython runs (or writes, for a
+    ``%%writefile`` body), on the cell's own line numbers."""
+
+    python: str
+    magic_lines: frozenset[int] = frozenset()
+    """Lines that are one line magic or ``!`` command each, as IPython turned them into
+    ``get_ipython().run_line_magic(...)`` (an ``allow`` of a shell key covers these)."""
+    found: tuple[tuple[int, str], ...] = ()
+    """Findings on a cell magic's own line (a ``%%writefile`` target)."""
+
+
+def _cleaned(source: str) -> tuple[list[str], int]:
+    """The cell's lines as IPython reads them before any magic (its cleanup: leading blank
+    lines dropped, common indentation and ``>>>``/``In [1]:`` prompts removed), and how
+    many leading lines were dropped."""
+    lines = (source if source.endswith("\n") else source + "\n").splitlines(keepends=True)
+    n = len(lines)
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        for transform in TransformerManager().cleanup_transforms:
+            lines = transform(lines)
+    except Exception:  # noqa: BLE001 - no IPython: the blank lines are all we drop
+        while lines and len(lines) > 1 and not lines[0].strip():
+            lines = lines[1:]
+    return lines, n - len(lines)
+
+
+def _shift(cell: _Cell, by: int) -> _Cell:
+    return _Cell("\n" * by + cell.python, frozenset(ln + by for ln in cell.magic_lines),
+                 tuple((ln + by, key) for ln, key in cell.found))
+
+
+def _magic_statement(line: str) -> bool:
+    """``line`` is what IPython makes of one line magic or ``!`` command:
+    ``[x = ]get_ipython().run_line_magic('name', 'args')`` (or ``.system``,
+    ``.getoutput``) with constant arguments and nothing else."""
+    try:
+        body = ast.parse(line.strip()).body
+    except SyntaxError:
+        return False
+    if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Assign)):
+        return False
+    call = body[0].value
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("run_line_magic", "system", "getoutput")
+            and isinstance(call.func.value, ast.Call) and not call.func.value.args
+            and isinstance(call.func.value.func, ast.Name)
+            and call.func.value.func.id == "get_ipython" and not call.keywords
+            and all(isinstance(a, ast.Constant) for a in call.args))
+
+
+def _target_findings(line: int, args: str) -> tuple[tuple[int, str], ...]:
+    """A ``%%writefile`` target that is not a plain module of the notebook's folder."""
+    target = re.sub(r"^(?:\s*(?:-a|--append)\b)*\s*", "", args).strip()
+    if _PLAIN_TARGET.fullmatch(target) and target[:-3] not in _SHADOWED:
+        return ()
+    return ((line, f"writefile target {target[:60]}"),)
+
+
+def _cell(source: str) -> _Cell:
+    """The scan's view of a cell: see :func:`_python_of`."""
+    lines, dropped = _cleaned(source)
+    first = lines[0] if lines else ""
+    if first.startswith("%%"):
+        name, _, args = first[2:].rstrip().partition(" ")
+        body = "".join(lines[1:])
+        if name in _WRITE_MAGICS:
+            return _shift(_Cell("\n" + body, found=_target_findings(1, args)), dropped)
+        if name in _RUN_MAGICS:
+            inner = _cell(body) if body.strip() else _Cell("")
+            setup = _TIMEIT_OPTIONS.sub("", args, count=1) if name == "timeit" else ""
+            try:  # the setup statement on the magic's line, if it is Python
+                ast.parse(setup)
+            except SyntaxError:
+                setup = ""
+            return _shift(_Cell(setup + "\n" + inner.python,
+                                frozenset(ln + 1 for ln in inner.magic_lines),
+                                tuple((ln + 1, key) for ln, key in inner.found)), dropped)
+    text = "".join(lines)
+    text = "\n".join(_LINE_MAGIC.sub(lambda m: m.group(1) + m.group(3), ln)
+                     for ln in text.split("\n"))
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        python = TransformerManager().transform_cell(text)
+    except Exception:  # noqa: BLE001 - an untransformable cell fails at run time anyway
+        return _shift(_Cell(text), dropped)
+    magic = frozenset(
+        i for i, (orig, ran) in enumerate(zip(text.split("\n"), python.split("\n")), 1)
+        if re.match(r"\s*(?:[A-Za-z_][\w.]*\s*=\s*)?[%!]", orig) and _magic_statement(ran))
+    return _shift(_Cell(python, magic), dropped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,19 +327,13 @@ def answers_of(submission: nbformat.NotebookNode, reference: nbformat.NotebookNo
 
 def _python_of(source: str) -> str:
     """The Python IPython runs for a cell (magics and ``!`` become ``get_ipython()``),
-    except that the body of a ``%%writefile`` (and timing) cell magic, and the statement
-    of a ``%time``/``%timeit`` line, are kept as the Python they are, on their own lines
-    (so line numbers still match the cell)."""
-    lines = source.split("\n")
-    if lines and lines[0].strip().startswith(_BODY_MAGICS):
-        return "\n".join(["", *lines[1:]])
-    source = "\n".join(_LINE_MAGIC.sub(lambda m: m.group(1) + m.group(3), ln) for ln in lines)
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-
-        return TransformerManager().transform_cell(source)
-    except Exception:  # noqa: BLE001 - an untransformable cell fails at run time anyway
-        return source
+    except that the body of a ``%%writefile`` cell magic is kept as the module it is, the
+    body of a timing cell magic (``%%time``, ``%%timeit``, ``%%capture``) as the cell it
+    runs (and ``%%timeit``'s setup statement on the magic's line), and the statement of a
+    ``%time``/``%timeit`` line as the Python it is; line numbers match the cell's. A cell
+    magic is found where IPython finds it: after leading blank lines, indentation and
+    prompts (IPython's cleanup)."""
+    return _cell(source).python
 
 
 def _root(node: ast.AST) -> str | None:
@@ -268,38 +399,80 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
     ``get_ipython()``); reading :data:`BLOCKED_ATTRS` (frames, globals, subclasses, file
     writes) or :data:`BLOCKED_MODULE_ATTRS` (also reached through another module:
     ``helpers.sys.settrace``), or a module through another one (``helpers.importlib``);
-    ``getattr``/``hasattr`` with a dunder or exec-family string; assigning an attribute
+    ``getattr``/``hasattr`` with a dunder, exec-family or shell string or a blocked
+    ``os``/``sys`` name (``getattr(sys, "modules")``); ``sys``/``os`` names also through
+    an alias or ``from sys import modules`` (so every ``sys.modules`` surgery: ``[...] =``,
+    ``del``, ``pop``, ``update``, ``setdefault``); assigning an attribute
     of a module (``torch.x = ...``, ``perflab.run = ...``); ``open`` for writing (also
-    ``Path.open``, ``io.open``). The *exec family* (key ``exec family ...``): a name of
+    ``Path.open``, ``io.open``). The notebook's shell (key ``IPython ...``, or the name):
+    ``exit``/``quit`` used as anything but a plain call (``exit._ip``), any ``_ip`` name or
+    attribute, the shell's attributes :data:`SHELL_ATTRS` and every ``input_transformer*``
+    on anything, ``events.register``/``unregister`` on anything (``ip.events.register(
+    'pre_run_cell', f)``; ``.register`` of a :data:`SHELL_EVENTS` name too; a trace's
+    ``rt.events`` table is honest). The *exec family* (key ``exec family ...``): a name of
     :data:`EXEC_FAMILY` (``runctx``, ``run_path``, ``spec_from_file_location``,
     ``exec_module``, ``SourceFileLoader``, ``FunctionType``, ``CodeType``) as an attribute
     of anything or a bare name, ``.run(...)`` on a profiler, tracer or debugger
     (``cProfile.Profile().run(src)``), ``.replace(co_...=...)`` on a code object,
-    assigning ``__code__``; ``exec``, ``eval`` and ``compile`` are ``name`` keys. A
-    ``%%writefile`` cell's body is scanned as the module it is. ``allow`` entries exempt
-    flags whose key equals them or starts with them (``"import os"``, ``"module
-    attribute torch.backends"``); grading passes :func:`allowances` (the cell's metadata
-    and :data:`COURSE_ALLOW`).
+    assigning ``__code__``; ``exec``, ``eval`` and ``compile`` are ``name`` keys.
+
+    A cell magic is found where IPython finds it (after leading blank lines, indentation
+    and prompts). A ``%%writefile`` cell's body is scanned as the module it is, and its
+    target is a finding (``writefile target ...``) unless it is a plain ``name.py`` that
+    shadows no module (:data:`_SHADOWED`: ``torch.py``, ``sitecustomize.py``); the body of
+    ``%%time``, ``%%timeit`` and ``%%capture`` as the cell it runs, and ``%%timeit``'s
+    setup statement too. ``allow`` entries exempt flags whose key equals them or starts
+    with them (``"import os"``, ``"module attribute torch.backends"``); grading passes
+    :func:`allowances` (the cell's metadata and :data:`COURSE_ALLOW`). An entry for a
+    shell key (``name get_ipython``, ``IPython ...``, ``_ip``, ``exit``) covers a line
+    magic's own line only (``%matplotlib inline``): never a Python line, a ``%%writefile``
+    body or another cell magic (whose body IPython passes on the magic's line).
 
     A static scan cannot see everything a determined student can build at run time
     (a string of source handed to ``timeit`` or ``torch.utils.benchmark.Timer`` through a
     variable, names built from strings); it is the instructor's signal, and the verdict
     does not depend on it (see :mod:`perflab.course.checks`; the run-time spy,
     :func:`perflab.labs.checking.watch_calls`, sees a forbidden helper's code however it
-    was copied). An answer that is not valid Python is not flagged: it fails when it runs.
+    was copied). An answer that is not valid Python is not flagged (it fails when it
+    runs), except for a ``%%writefile`` target.
     """
-    code = _python_of(source)
+    cell = _cell(source)
+    code = cell.python
+    found: list[tuple[int, str]] = list(cell.found)
     try:
         tree = parse_python(code)
     except SyntaxError:
-        return []
+        tree = None
+    if tree is not None:
+        found += _scan_tree(tree)
     lines = code.splitlines()
+    flags = []
+    for ln, key in sorted(set(found)):
+        if any(key == a or key.startswith(a + ".") or key.startswith(a + " ") for a in allow) \
+                and (ln in cell.magic_lines or not key.startswith(_SHELL_KEYS)):
+            continue
+        text = lines[ln - 1].strip()[:120] if 0 < ln <= len(lines) else ""
+        if not text and 0 < ln <= len(source.split("\n")):  # a cell magic's own line
+            text = source.split("\n")[ln - 1].strip()[:120]
+        flags.append(Flag(grade_id, ln, key, text))
+    return flags
+
+
+def _shell_attr(name: str) -> bool:
+    return name in SHELL_ATTRS or name.startswith("input_transformer")
+
+
+def _scan_tree(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, key)`` of every finding of :func:`scan_answer` in one parsed cell."""
     imported, partly, runners = set(), {}, set()
+    real = {"os": "os", "sys": "sys"}  # names bound to the os and sys modules
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update((a.asname or a.name).split(".")[0] for a in node.names)
             partly.update({a.asname or a.name: a.name for a in node.names
                            if a.name in PARTLY_OPEN_MODULES})
+            real.update({a.asname: a.name for a in node.names
+                         if a.asname and a.name in ("os", "sys")})
         elif isinstance(node, ast.ImportFrom):
             imported.update(a.asname or a.name for a in node.names)
         elif isinstance(node, ast.Assign) and _runner_call(node.value, set()):
@@ -322,12 +495,20 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
             elif node.level == 0 and mod in PARTLY_OPEN_MODULES:
                 found += [(ln, f"import {mod}.{a.name}") for a in node.names
                           if a.name not in PARTLY_OPEN_MODULES[mod]]
+            elif node.level == 0 and mod in ("os", "sys"):  # from sys import modules
+                found += [(ln, f"attribute {mod}.{a.name}") for a in node.names
+                          if a.name == "*" or f"{mod}.{a.name}" in BLOCKED_MODULE_ATTRS]
             found += [(ln, f"exec family {a.name}") for a in node.names if a.name in EXEC_FAMILY]
         elif isinstance(node, ast.Name):
             if node.id in BLOCKED_NAMES:
                 found.append((ln, f"name {node.id}"))
             if node.id in EXEC_FAMILY:
                 found.append((ln, f"exec family {node.id}"))
+            if node.id == "_ip":
+                found.append((ln, "name _ip"))
+            if node.id in _SHELL_HOLDERS and isinstance(node.ctx, ast.Load) and not (
+                    isinstance(up, ast.Call) and up.func is node):
+                found.append((ln, f"name {node.id}"))  # exit._ip, f(quit): not a plain call
             if node.id in partly and isinstance(node.ctx, ast.Load):
                 mod = partly[node.id]
                 if isinstance(up, ast.Attribute) and up.value is node:
@@ -337,20 +518,28 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
                     found.append((ln, f"module {mod}"))
         elif isinstance(node, ast.Attribute):
             dotted = _dotted(node)
+            root = _root(node)
+            if root in real and dotted.startswith(root + "."):  # import sys as s: s.modules
+                dotted = real[root] + dotted[len(root):]
             if node.attr in BLOCKED_ATTRS and not (
                     node.attr == "__class__" and isinstance(up, ast.Attribute)
                     and up.attr in ("__name__", "__qualname__")):
                 found.append((ln, f"attribute {node.attr}"))
             tail = ".".join(dotted.split(".")[-2:])
-            if tail in BLOCKED_MODULE_ATTRS and (_root(node) in ("os", "sys")
-                                                 or dotted.count(".") > 1):
+            if tail in BLOCKED_MODULE_ATTRS and (root in real or dotted.count(".") > 1):
                 found.append((ln, f"attribute {tail}"))
             if node.attr in _MODULE_ATTRS and dotted.count(".") >= 1 and dotted != node.attr:
                 found.append((ln, f"attribute {node.attr}"))
-            if isinstance(node.ctx, (ast.Store, ast.Del)) and _root(node) in modules:
+            if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
                 found.append((ln, f"module attribute {dotted}"))
-            if node.attr in ("run_line_magic", "run_cell_magic", "system", "getoutput"):
+            if _shell_attr(node.attr):
                 found.append((ln, f"IPython {node.attr}"))
+            if node.attr == "_ip":
+                found.append((ln, "attribute _ip"))
+            if node.attr in ("register", "unregister", "callbacks", "trigger") and (
+                    isinstance(node.value, ast.Attribute) and node.value.attr == "events"
+                    or isinstance(node.value, ast.Name) and node.value.id == "events"):
+                found.append((ln, "IPython events"))  # ip.events.register('pre_run_cell', f)
             if node.attr in EXEC_FAMILY:
                 found.append((ln, f"exec family {node.attr}"))
             if node.attr == "__code__" and isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -359,26 +548,27 @@ def scan_answer(grade_id: str, source: str, allow: tuple[str, ...] | list[str] =
             func = node.func
             name = func.id if isinstance(func, ast.Name) else \
                 func.attr if isinstance(func, ast.Attribute) else None
+            const = node.args[1].value if len(node.args) > 1 and isinstance(
+                node.args[1], ast.Constant) and isinstance(node.args[1].value, str) else None
             if name == "open" and _writes(node):
                 found.append((ln, "open for writing"))
             elif (isinstance(func, ast.Name) and name in ("getattr", "hasattr")
-                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
-                  and (str(node.args[1].value).startswith("__")
-                       or node.args[1].value in EXEC_FAMILY)):
-                found.append((ln, f"{name} {node.args[1].value}"))
+                  and const is not None and (
+                      const.startswith("__") or const in EXEC_FAMILY or const == "_ip"
+                      or _shell_attr(const)
+                      or f"{real.get(_root(node.args[0]) or '', '')}.{const}"
+                      in BLOCKED_MODULE_ATTRS)):
+                found.append((ln, f"{name} {const}"))
             elif isinstance(func, ast.Attribute) and name == "run" and (
                     _runner_call(func.value, runners)
                     or partly.get(_root(func) or "") in ("cProfile", "profile")):
                 found.append((ln, "exec family run"))
             elif name == "replace" and any((k.arg or "").startswith("co_") for k in node.keywords):
                 found.append((ln, "exec family code.replace"))
-    flags = []
-    for ln, key in sorted(set(found)):
-        if any(key == a or key.startswith(a + ".") or key.startswith(a + " ") for a in allow):
-            continue
-        text = lines[ln - 1].strip()[:120] if 0 < ln <= len(lines) else ""
-        flags.append(Flag(grade_id, ln, key, text))
-    return flags
+            elif name in ("register", "unregister") and node.args and isinstance(
+                    node.args[0], ast.Constant) and node.args[0].value in SHELL_EVENTS:
+                found.append((ln, "IPython events"))  # ev = ip.events; ev.register(...)
+    return found
 
 
 @dataclasses.dataclass
@@ -443,6 +633,8 @@ def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
                 f"*(skipped in grading: tagged `{skip_tag}`)*"))
             continue
         cell = nbformat.v4.new_code_cell()
+        if ref.get("id"):  # a check's "needs" names given cells by id
+            cell["id"] = ref["id"]
         if m.get("solution") and gid:
             cell.source = answers.get(gid, f"raise NotImplementedError("
                                            f"{'no answer for ' + repr(gid) + ' in the submission'!r})")
@@ -463,7 +655,11 @@ def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
                 cell.source = graded_probe(check.graded, drawn[gid])
             else:
                 cell.source = probe_source(check)
-            cell.metadata["perflab"] = {"probe": gid}
+            # what the grading process needs to know of the check (its "needs" and
+            # "compiles": perflab.course.grading_process)
+            mine = ref.get("metadata", {}).get("perflab", {})
+            cell.metadata["perflab"] = {"probe": gid, "needs": list(mine.get("needs", [])),
+                                        "compiles": bool(mine.get("compiles"))}
         else:
             cell.source = ref.source
         cells.append(cell)

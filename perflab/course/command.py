@@ -71,6 +71,13 @@ def add_grade_arguments(parser) -> None:
     p.add_argument("--disk-gib", type=float, default=1.0,
                    help="size of each writable file system in the sandbox (scratch, /tmp, "
                         "/dev/shm), GiB (default 1)")
+    p.add_argument("--total-memory-gib", type=_memory_gib, default=6.0, metavar="GIB|none",
+                   help="memory of all a notebook's processes together in GiB, the run "
+                        "stopped above it (a cgroup where the grader can make one, else a "
+                        "watchdog on their resident memory; default 6; 'none': no cap)")
+    p.add_argument("--output-mib", type=float, default=64.0,
+                   help="output a notebook's run may write (its log) and its kernel may "
+                        "send, MiB; the run is stopped above it (default 64)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the hidden cases (default: a fresh one, printed and saved "
                         "in the instructor folder; pass it to draw the same cases again)")
@@ -78,6 +85,9 @@ def add_grade_arguments(parser) -> None:
                    help="grade only slice K (0 to N-1) of N slices of the students (sorted "
                         "by id, every N-th); needs --seed; join the slices with `perflab "
                         "course merge`")
+    p.add_argument("--no-notebook-run", dest="notebook_run", action="store_false",
+                   help="skip the notebook's run under nbval (the instructor's log of what "
+                        "the cells print); points come from the grading process either way")
     p.add_argument("--sanitize-with", default=None, type=Path, help=argparse.SUPPRESS)
 
 
@@ -119,14 +129,17 @@ def grade_command(args) -> int:
     """
     import nbformat
 
-    from perflab.course.grading import (Limits, autograded, grade_submissions, lab_key,
-                                        reference_notebooks, shard_slice, student_folders)
+    from perflab.course.grading import (Limits, autograded, grade_submissions,
+                                        reference_notebooks, shard_slice, student_folders,
+                                        submitted_labs)
     from perflab.course.report import (ScoreTable, manifest_path, read_manifest,
                                        write_answers, write_feedback, write_manifest)
 
     limits = Limits(cell_timeout_s=args.cell_timeout, wall_timeout_s=args.wall_timeout,
                     memory_gib=args.memory_gib, nproc=args.nproc,
-                    disk_gib=getattr(args, "disk_gib", 1.0))
+                    disk_gib=getattr(args, "disk_gib", 1.0),
+                    total_memory_gib=getattr(args, "total_memory_gib", 6.0),
+                    output_mib=getattr(args, "output_mib", 64.0))
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     shard = getattr(args, "shard", None)
@@ -157,14 +170,15 @@ def grade_command(args) -> int:
     subs = Path(args.submissions)
     if not subs.is_dir():
         raise FileNotFoundError(f"no submissions folder {subs}")
-    labs = args.labs or sorted({lab_key(p) for p in subs.glob("*/*.ipynb")} & set(refs))
+    folders = student_folders(subs)  # names and lstat only: nothing opened or followed
+    labs = args.labs or sorted(submitted_labs(folders) & set(refs))
     missing = [k for k in labs if k not in refs]
     if missing:
         raise ValueError(f"no reference notebook for lab(s) {missing} in {args.reference}; "
                          f"labs there: {sorted(refs)}")
     columns = {lab: list(autograded(nbformat.read(str(refs[lab]), as_version=4))) for lab in labs}
     table = ScoreTable(out, columns, resume=args.resume)
-    class_ids = [f.id for f in student_folders(subs)]
+    class_ids = [f.id for f in folders]
     mine = shard_slice(class_ids, shard or (0, 1))
     feedback.mkdir(parents=True, exist_ok=True)  # exist before the sandboxes start, to
     instructor.mkdir(parents=True, exist_ok=True)  # be hidden from every one of them
@@ -187,6 +201,7 @@ def grade_command(args) -> int:
     grades = grade_submissions(subs, args.reference, limits=limits, labs=labs, seed=seed,
                                progress=print, jobs=args.jobs, sandbox=args.sandbox,
                                skip=table.students(), on_student=student_done, shard=shard,
+                               notebook_run=getattr(args, "notebook_run", True),
                                hide=(out.resolve().parent, out.resolve(),
                                      feedback.resolve(), instructor.resolve()))
     _review_similarity(grades, refs, Path(args.reference), instructor, table)
@@ -218,6 +233,7 @@ def _review_similarity(grades: list, refs: dict, reference: Path, instructor: Pa
     from perflab.course.similarity import (boilerplate_sources, library_sources,
                                            reference_sources, similarity_pairs,
                                            write_similarity_csv)
+    from perflab.course.submission import read_submitted_notebook
 
     ref_nbs = {lab: nbformat.read(str(p), as_version=4) for lab, p in refs.items()}
     submitted: dict[str, dict[str, str]] = {}
@@ -225,7 +241,7 @@ def _review_similarity(grades: list, refs: dict, reference: Path, instructor: Pa
         if g.notebook is None or g.lab not in ref_nbs or g.error:
             continue
         try:
-            sub = nbformat.read(str(g.notebook), as_version=4)
+            sub = read_submitted_notebook(g.notebook)
         except Exception:  # noqa: BLE001 - an unreadable notebook is already an error row
             continue
         submitted.setdefault(g.student, {}).update(answers_of(sub, ref_nbs[g.lab])[0])

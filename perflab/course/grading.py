@@ -16,6 +16,10 @@ name, checked by :func:`check_student_name` (UTF-8, NFC, printable, at most
 :data:`MAX_NAME_CHARS` characters, no path separator). A name that fails is graded as
 ``invalid-name-<hash>`` with an error row saying what to rename, and the batch goes on;
 names that look alike (:func:`name_skeleton`) are graded and both flagged for review.
+Every other entry of the submissions folder gets an error row too (a file at the top, a
+folder whose name starts with ``.``, a named pipe, a symbolic link), except the hidden
+files that tools leave there (:data:`IGNORED_NAMES`). The listing reads names and
+``lstat`` only: it never opens, and never follows a link into, what it lists.
 
 :func:`grade_submissions` grades a whole folder (``jobs`` sandboxes in parallel), or one
 slice of it (``shard``, :func:`shard_slice`), calling back as each student finishes so
@@ -29,6 +33,7 @@ import dataclasses
 import hashlib
 import os
 import secrets
+import stat
 import threading
 import time
 import unicodedata
@@ -39,7 +44,7 @@ from typing import Callable, Literal, Sequence
 import nbformat
 
 from perflab.course.answers import Flag, assemble, autograded
-from perflab.course.sandbox import SandboxUnavailable, sandbox_status
+from perflab.course.sandbox import SandboxUnavailable, memory_cap_mechanism, sandbox_status
 # Limits, LabGrade, lab_key and autograded stay importable from here (the grade command
 # and the report import them with grade_submissions).
 from perflab.course.submission import (_SOLUTIONS, LabGrade, Limits, error_grade, grade_notebook,
@@ -47,8 +52,8 @@ from perflab.course.submission import (_SOLUTIONS, LabGrade, Limits, error_grade
 from perflab.course.warm import build_inductor_headers, uses_compile
 
 __all__ = ["grade_submissions", "reference_notebooks", "StudentFolder", "student_folders",
-           "check_student_name", "name_skeleton", "shard_slice",
-           "flag_text", "MAX_NAME_CHARS", "INVALID_PREFIX", "NAME_FLAG"]
+           "submitted_labs", "check_student_name", "name_skeleton", "shard_slice",
+           "flag_text", "MAX_NAME_CHARS", "INVALID_PREFIX", "NAME_FLAG", "IGNORED_NAMES"]
 
 #: Longest student id, in characters (a longer folder name is refused: rename it).
 MAX_NAME_CHARS = 64
@@ -58,6 +63,15 @@ INVALID_PREFIX = "invalid-name-"
 #: The ``grade_id`` of a review flag about the folder name (a look-alike of another
 #: folder's name): the score table shows it once per student, not once per lab.
 NAME_FLAG = "folder name"
+
+#: Names at the top of a submissions folder that are no submission and get no row: what
+#: Jupyter, git and file browsers leave there. So are names starting with ``.Trash``
+#: (a desktop's trash) or ``._`` (macOS's AppleDouble files). Any other name starting
+#: with ``.`` (``.ada``, ``...``) gets an error row: a dot hides a folder from ``ls``,
+#: file browsers and shell globs.
+IGNORED_NAMES = frozenset({".DS_Store", ".ipynb_checkpoints", ".git", ".gitkeep",
+                           ".gitignore"})
+_IGNORED_PREFIXES = (".Trash", "._")
 
 _SEPARATORS = sorted({"/", "\\", os.sep} | ({os.altsep} if os.altsep else set()))
 _FIX = "rename the folder (e.g. to the student's login) and grade again"
@@ -164,64 +178,136 @@ def name_skeleton(student_id: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class StudentFolder:
-    """One student folder of a submissions folder and the id it is graded under."""
+    """One entry of a submissions folder (a student folder, or anything else found there)
+    and the id it is graded under."""
 
     id: str
-    """The folder name in NFC (:func:`check_student_name`); ``invalid-name-<hash>`` when
-    the name is refused; ``<name>~<hash>`` when another folder's name has the same NFC
-    form (the folder whose name already is NFC keeps the plain id)."""
+    """The entry's name in NFC (:func:`check_student_name`); ``invalid-name-<hash>`` when
+    the name is refused; ``<name>~<hash>`` when another entry's name has the same NFC
+    form (the one whose name already is NFC keeps the plain id). A file at the top keeps
+    its own name (``01_x.ipynb``), so its row says which file it is."""
     path: Path
     error: str = ""
-    """Why the name was refused (its labs are not run), with the fix; empty if not."""
+    """Why the entry is refused (its labs are not run), with the fix; empty for a student
+    folder that is graded. Refused: a name that fails :func:`check_student_name`, a
+    folder whose name starts with ``.``, a symbolic link, a file or a named pipe, socket
+    or device at the top of the submissions folder."""
     twins: tuple[str, ...] = ()
-    """The ids of the other folders whose names look the same (:func:`name_skeleton`)."""
+    """The ids of the other graded folders whose names look the same
+    (:func:`name_skeleton`)."""
 
 
 def _digest(raw: bytes, n: int) -> str:
     return hashlib.sha256(raw).hexdigest()[:n]
 
 
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _ignored(name: str) -> bool:
+    return name in IGNORED_NAMES or name.startswith(_IGNORED_PREFIXES)
+
+
+def _entry_problem(path: Path, subs: Path) -> str:
+    """Why an entry of the submissions folder is not a student folder to grade ("" when it
+    is one), from its ``lstat``: nothing is opened or followed."""
+    shown = _shown(os.fsencode(path.name))
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as e:
+        return f"refused: {shown} could not be read ({e.strerror}); make it readable"
+    if stat.S_ISLNK(mode):
+        return f"refused: the student folder {shown} is a symbolic link; submit a real folder"
+    if stat.S_ISDIR(mode):
+        if path.name.startswith("."):
+            return (f"refused: the folder name {shown} starts with '.', which hides it (ls, "
+                    f"file browsers, shell globs); {_FIX}")
+        return ""
+    if stat.S_ISREG(mode):
+        return (f"refused: {shown} is a file at the top of the submissions folder, not a "
+                f"student folder; put it in a folder named after the student "
+                f"({subs.name}/<student>/{_file_name(path)}) and grade again")
+    kind = next((k for test, k in _KINDS if test(mode)), "not a folder")
+    return (f"refused: {shown} is {kind} at the top of the submissions folder, not a student "
+            "folder; remove it and put each student's notebooks in a folder named after "
+            "the student")
+
+
 def student_folders(submissions_dir: str | Path) -> list[StudentFolder]:
-    """Every student folder of ``submissions_dir`` (sub-folders not starting with ``.``)
-    with its id, sorted by id; the ids are distinct.
+    """Every entry of ``submissions_dir`` with its id, sorted by id; the ids are distinct.
+
+    A sub-folder is a student folder, graded. Any other entry gets a row that is not run
+    (``error`` says why and what to do): a folder whose name starts with ``.`` (``.ada``,
+    ``...``), a symbolic link, a file (``01_x.ipynb`` at the top, under its own name), a
+    named pipe, socket or device, or a name :func:`check_student_name` refuses. The
+    hidden files tools leave there (:data:`IGNORED_NAMES`, ``.Trash*``, ``._*``) are
+    skipped. Only names and ``lstat`` are read: nothing listed is opened or followed.
 
     Raises:
-        FileNotFoundError: no submissions folder, or no student folder in it.
+        FileNotFoundError: no submissions folder, or nothing in it but hidden files.
     """
     subs = Path(submissions_dir)
     if not subs.is_dir():
         raise FileNotFoundError(f"no submissions folder {subs}")
-    paths = sorted(p for p in subs.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not paths:
+    entries = [(p, _entry_problem(p, subs)) for p in sorted(subs.iterdir())
+               if not _ignored(p.name)]
+    if not entries:
         raise FileNotFoundError(f"no student folders in {subs}; expected "
                                 f"{subs}/<student>/NN_*.ipynb")
-    named: dict[str, list[tuple[Path, bytes]]] = {}
+    named: dict[str, list[tuple[Path, bytes, str]]] = {}
     refused: list[StudentFolder] = []
-    for p in paths:
+    for p, problem in entries:
         raw = os.fsencode(p.name)
         try:
-            named.setdefault(check_student_name(p.name), []).append((p, raw))
+            named.setdefault(check_student_name(p.name), []).append((p, raw, problem))
         except ValueError as e:
             refused.append(StudentFolder(INVALID_PREFIX + _digest(raw, 10), p,
-                                         error=f"refused: {e}"))
+                                         error=problem or f"refused: {e}"))
     taken = {f.id for f in refused} | set(named)
-    graded: list[tuple[str, Path, str]] = []  # (id, folder, NFC name)
+    graded: list[tuple[str, Path, str, str]] = []  # (id, entry, NFC name, problem)
     for nfc, group in named.items():
-        for p, raw in group:
+        for p, raw, problem in group:
             sid = nfc
             if len(group) > 1 and p.name != nfc:  # an NFC twin: both graded, apart
                 n = 8
                 while (sid := f"{nfc}~{_digest(raw, n)}") in taken:
                     n += 8
                 taken.add(sid)
-            graded.append((sid, p, nfc))
+            graded.append((sid, p, nfc, problem))
     looks: dict[str, list[str]] = {}
-    for sid, _, nfc in graded:
-        looks.setdefault(name_skeleton(nfc), []).append(sid)
-    folders = [StudentFolder(sid, p, twins=tuple(sorted(o for o in looks[name_skeleton(nfc)]
-                                                        if o != sid)))
-               for sid, p, nfc in graded]
+    for sid, _, nfc, problem in graded:
+        if not problem:
+            looks.setdefault(name_skeleton(nfc), []).append(sid)
+    folders = [StudentFolder(sid, p, error=problem,
+                             twins=() if problem else tuple(sorted(
+                                 o for o in looks[name_skeleton(nfc)] if o != sid)))
+               for sid, p, nfc, problem in graded]
     return sorted(folders + refused, key=lambda f: f.id)
+
+
+def _notebooks(folder: StudentFolder) -> list[Path]:
+    """The ``*.ipynb`` names in a graded student folder (names only: none is opened).
+
+    Raises:
+        OSError: the folder cannot be listed.
+    """
+    return sorted(folder.path.glob("*.ipynb"))
+
+
+def submitted_labs(folders: Sequence[StudentFolder]) -> set[str]:
+    """The labs someone submitted: ``NN`` of every ``NN_*.ipynb`` in a graded student
+    folder (a refused entry is not listed, a folder that cannot be listed adds nothing)
+    and of a refused entry named ``NN_*.ipynb`` (a notebook put at the top of the
+    submissions folder: its row says to move it)."""
+    labs = {lab_key(f.path) for f in folders if f.error}
+    for f in folders:
+        if not f.error and not f.path.is_symlink():
+            try:
+                labs |= {lab_key(nb) for nb in _notebooks(f)}
+            except OSError:
+                pass
+    return labs - {None}
 
 
 def shard_slice(ids: Sequence[str], shard: tuple[int, int]) -> list[str]:
@@ -259,7 +345,8 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                       on_student: Callable[[str, list[LabGrade]], None] | None = None,
                       hide: tuple[Path, ...] = (),
                       seed: int | None = None,
-                      shard: tuple[int, int] | None = None) -> list[LabGrade]:
+                      shard: tuple[int, int] | None = None,
+                      notebook_run: bool = True) -> list[LabGrade]:
     """Grade ``SUBMISSIONS/<student>/NN_*.ipynb`` against ``REFERENCE/NN_*.ipynb``.
 
     Args:
@@ -281,11 +368,15 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
             can draw the same cases.
         shard: ``(K, N)``: grade only the K-th of N slices of the students
             (:func:`shard_slice`); None: all of them.
+        notebook_run: also run each notebook under nbval for the instructor's log
+            (:func:`grade_notebook`'s ``run_notebook``); no point comes from it.
 
     Returns:
         One LabGrade per student and lab, students in id order; a lab a student did
         not submit (or submitted twice) is an error row with no points; a refused
-        folder name, a submission that breaks the grader itself or a failure while
+        entry of the submissions folder (:func:`student_folders`: a refused name, a
+        file at the top, a dot-folder, a named pipe), a submission that breaks the
+        grader itself, a run stopped at a cap (memory, output) or a failure while
         recording the student is an error row naming the reason.
 
     Raises:
@@ -323,7 +414,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                             "is a symbolic link; submit a real folder")
             continue
         try:
-            notebooks = sorted(f.path.glob("*.ipynb"))
+            notebooks = _notebooks(f)
         except OSError as e:
             problem[sid] = (f"could not list the folder ({type(e).__name__}: {e.strerror}); "
                             "make it readable by the grader")
@@ -332,7 +423,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
             if lab_key(nb) is None:
                 say(f"{sid:<20} ignored {_file_name(nb)}: not named NN_*.ipynb")
             found[sid].setdefault(lab_key(nb), []).append(nb)
-    wanted = labs or sorted({k for f in found.values() for k in f if k in refs})
+    wanted = labs or sorted(k for k in submitted_labs(list(folders.values())) if k in refs)
     missing = [k for k in wanted if k not in refs]
     if missing:
         raise ValueError(f"no reference notebook for lab(s) {missing} in {reference_dir}; "
@@ -345,6 +436,9 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         say(f"WARNING: {sandbox_status()[1]}. Submissions will run WITHOUT a sandbox "
             "(plain subprocesses with rlimits): a submission could read and change "
             "your files. Install bubblewrap, or pass --sandbox bwrap to refuse.")
+    if limits.total_memory_gib is not None:
+        say(f"memory cap per notebook: {limits.total_memory_gib:g} GiB for its processes "
+            f"together, held by {memory_cap_mechanism()}")
     if seed is None:
         seed = secrets.randbits(48)
     say(f"hidden cases drawn with seed {seed} (--seed {seed} draws them again)")
@@ -405,7 +499,8 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                                   sandbox=sandbox, hide=hide, slot=slot, threads=threads,
                                   reference=ref_nbs[lab], seed=seed,
                                   inside=subs,
-                                  inductor_headers=headers if lab in compiling else None)
+                                  inductor_headers=headers if lab in compiling else None,
+                                  run_notebook=notebook_run)
         finally:
             with lock:
                 free_slots.append(slot)

@@ -26,10 +26,25 @@ bubblewrap (Debian's ``bubblewrap``, the tool Flatpak uses), not our own code: i
   ``/root`` and ``/home`` are covered by tmpfs (the interpreter and venv are bound back
   read-only when they live there); as an ordinary user, bwrap uses a user namespace;
 * rlimits set before exec and inherited by every process: address space, CPU seconds,
-  process count, file size.
+  process count, file size;
+* a memory cap for the run's processes *together* (``SandboxLimits.total_memory_gib``):
+  a memory cgroup made for the run where the grader can make one
+  (:func:`memory_cap_mechanism`; cgroup v2 ``memory.max``, or v1
+  ``memory.limit_in_bytes``, a child of the grader's own cgroup), which every process
+  of the run joins before exec; else a watchdog in the grader that adds up the resident
+  memory of the run's processes (the command's process tree, and the slot uid's
+  processes) every :data:`WATCH_INTERVAL_S` and stops the run above the cap;
+* an output cap (``SandboxLimits.output_mib``): stdout and stderr of every process
+  inside go to one log file on the grader's disk (the command's stdout and stderr,
+  inherited by pytest, the kernel and every child); the grader watches its size and
+  stops the run above the cap, then cuts the log there (``RLIMIT_FSIZE`` is the hard
+  bound between two looks).
 
 Outputs go to files, never to pipes the grader waits on, so a child that keeps a pipe
-open cannot make the grader hang. The wall-clock limit kills the whole namespace.
+open cannot make the grader hang. Stopping a run (the wall-clock limit, a cap) kills the
+whole namespace (bwrap's process group; ``--die-with-parent`` takes the PID namespace),
+every member of the run's cgroup (detached ones too, sandboxed or not), the slot uid's
+processes and, unsandboxed, the command's descendants; :class:`SandboxRun` says why.
 
 When bubblewrap is missing or cannot create namespaces here (a container without user
 namespaces), :func:`sandbox_status` says why and grading falls back to a plain
@@ -41,8 +56,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -51,14 +68,13 @@ from typing import Literal, Sequence
 
 from perflab.course.slots import SLOT_UID_BASE, SLOT_UIDS  # noqa: F401 - re-exported
 from perflab.course.slots import claim_uid as _claim_uid
-from perflab.course.slots import kill_children as _kill_children
 from perflab.course.slots import kill_group as _kill_group
 from perflab.course.slots import kill_uid as _kill_uid
 from perflab.course.slots import processes_of as _processes_of
 
 __all__ = ["SandboxUnavailable", "SandboxLimits", "SandboxRun", "sandbox_status",
            "run_sandboxed", "allowed_paths", "grader_only_paths", "visible_hides",
-           "SANDBOX_WORK",
+           "memory_cap_mechanism", "SANDBOX_WORK", "WATCH_INTERVAL_S",
            "SLOT_UID_BASE"]
 
 
@@ -68,6 +84,10 @@ class SandboxUnavailable(RuntimeError):
 
 #: Where the scratch folder appears inside the sandbox.
 SANDBOX_WORK = "/tmp/work"
+#: How often the grader looks at a running sandbox (its clock, memory and output), s.
+WATCH_INTERVAL_S = 0.2
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SandboxLimits:
     """Resource limits of one sandboxed run (validated by the caller, see ``Limits``)."""
@@ -86,6 +106,14 @@ class SandboxLimits:
     """Size of each writable file system inside: the scratch folder, ``/tmp`` and
     ``/dev/shm`` are tmpfs mounts of at most this many GiB each (their pages are RAM, not
     counted by RLIMIT_AS: the three together stay within the memory budget)."""
+    total_memory_gib: float | None = None
+    """Memory of all the run's processes together, GiB; None: no cap. A cgroup counts
+    what the kernel charges them (resident pages, tmpfs pages they wrote, page cache);
+    the watchdog, where no cgroup can be made, their resident memory (shared pages
+    counted once, by PSS, before it stops a run)."""
+    output_mib: float | None = None
+    """Bytes the run may write to its log (stdout and stderr of every process inside),
+    MiB; None: only ``file_gib`` (RLIMIT_FSIZE) bounds it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,12 +121,16 @@ class SandboxRun:
     """What one sandboxed run did."""
 
     returncode: int | None
-    """Exit status; None when killed at the wall-clock limit."""
+    """Exit status; None when the grader killed it (the wall-clock limit, a cap)."""
     timed_out: bool
     wall_s: float
     sandboxed: bool
     """False: ran as a plain subprocess (no bubblewrap), see ``warning``."""
     warning: str = ""
+    stopped: str = ""
+    """Why the grader stopped the run before it ended (the memory or the output cap, with
+    the numbers and the option to raise it); empty when it ended by itself or at the
+    wall-clock limit (``timed_out``)."""
 
 
 #: The operating system's folders a process needs (read-only): programs, libraries,
@@ -299,9 +331,15 @@ def sandbox_status() -> tuple[bool, str]:
     return True, ""
 
 
-def _preexec(limits: SandboxLimits, nproc: int):
+def _preexec(limits: SandboxLimits, nproc: int, cgroup_procs: int | None = None):
     def apply() -> None:  # in the child, between fork and exec; inherited by all inside
         import resource
+
+        if cgroup_procs is not None:  # join the run's memory cgroup before anything runs
+            try:
+                os.write(cgroup_procs, str(os.getpid()).encode())
+            except OSError:
+                pass  # the grader sees it is not a member and watches RSS instead
 
         def cap(which, value):
             resource.setrlimit(which, (value, value))
@@ -314,6 +352,226 @@ def _preexec(limits: SandboxLimits, nproc: int):
         cap(resource.RLIMIT_FSIZE, int(limits.file_gib * 2**30))
         cap(resource.RLIMIT_CORE, 0)
     return apply
+
+
+# -- the memory cap of a run's processes together ------------------------------------------
+
+#: The name of each run's cgroup starts with this, then the grader's pid and a counter.
+_CGROUP_PREFIX = "perflab-run-"
+_cgroup_numbers = itertools.count()
+
+
+def _own_cgroups() -> tuple[list[tuple[int, Path]], str]:
+    """([(version, this process's own cgroup folder)] in the cgroup v2 hierarchy and in a
+    v1 hierarchy with the memory controller, as mounted here, v2 first (whether v2 has
+    the memory controller is :meth:`_MemoryGroup.make`'s question); why there is none)."""
+    try:
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError as e:
+        return [], f"cannot read /proc/self/cgroup or /proc/self/mountinfo ({e.strerror})"
+    v2 = next((ln.split(":", 2)[2] for ln in own if ln.startswith("0::")), None)
+    v1 = next((ln.split(":", 2)[2] for ln in own if ln.count(":") >= 2
+               and "memory" in ln.split(":", 2)[1].split(",")), None)
+    out = []
+    for ln in mounts:
+        left, _, right = ln.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        root, point = fields[3], fields[4].replace("\\040", " ")
+        if rest[0] == "cgroup2" and v2 is not None:
+            version, entry = 2, v2
+        elif rest[0] == "cgroup" and "memory" in rest[2].split(",") and v1 is not None:
+            version, entry = 1, v1
+        else:
+            continue
+        if root != "/" and not (entry == root or entry.startswith(root + "/")):
+            continue  # this mount shows another part of the hierarchy
+        rel = entry[len(root):] if root != "/" else entry
+        out.append((version, Path(point) / rel.lstrip("/")))
+    out.sort(key=lambda vp: -vp[0])
+    return out, "" if out else "no cgroup hierarchy with a memory controller is mounted here"
+
+
+@dataclasses.dataclass(frozen=True)
+class _MemoryGroup:
+    """A memory cgroup made for one run: every process of the run joins it before exec
+    (:func:`_preexec`), the kernel holds their memory together under the cap, and
+    killing it kills every member, detached ones included."""
+
+    path: Path
+    version: int
+
+    @classmethod
+    def make(cls, limit_bytes: int) -> "_MemoryGroup | str":
+        """A fresh group under this process's own cgroup, capped at ``limit_bytes``; or
+        why none could be made (a one-line reason)."""
+        found, why = _own_cgroups()
+        reasons = [why] if why else []
+        for version, parent in found:
+            limit = "memory.max" if version == 2 else "memory.limit_in_bytes"
+            if version == 2:
+                try:
+                    enabled = (parent / "cgroup.subtree_control").read_text().split()
+                except OSError as e:
+                    reasons.append(f"cgroup v2: cannot read {parent}/cgroup.subtree_control "
+                                   f"({e.strerror})")
+                    continue
+                if "memory" not in enabled:
+                    reasons.append(f"cgroup v2: the memory controller is not delegated to "
+                                   f"{parent}'s children")
+                    continue
+            _remove_stale(parent)
+            path = parent / f"{_CGROUP_PREFIX}{os.getpid()}-{next(_cgroup_numbers)}"
+            try:
+                path.mkdir()
+            except OSError as e:
+                reasons.append(f"cgroup v{version}: cannot make a group in {parent} "
+                               f"({e.strerror})")
+                continue
+            group = cls(path, version)
+            try:
+                (path / limit).write_text(str(limit_bytes))
+                if int((path / limit).read_text()) > limit_bytes + 2**16:
+                    raise OSError(0, "the limit did not hold")
+            except (OSError, ValueError) as e:
+                group.remove()
+                reasons.append(f"cgroup v{version}: cannot set {limit} in {parent} "
+                               f"({getattr(e, 'strerror', None) or e})")
+                continue
+            # no swap beyond the cap, and (v2) the kernel's OOM killer takes the whole
+            # group; where a file is missing (no swap accounting) the cap still holds
+            for name, value in ([("memory.swap.max", "0"), ("memory.oom.group", "1")]
+                                if version == 2 else
+                                [("memory.memsw.limit_in_bytes", str(limit_bytes))]):
+                with contextlib.suppress(OSError):
+                    (path / name).write_text(value)
+            return group
+        return "; ".join(reasons)
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(t) for t in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel's out-of-memory killer took in this group."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            for ln in (self.path / name).read_text().splitlines():
+                key, _, value = ln.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def kill(self) -> None:
+        """SIGKILL every member until none is left (v2's ``cgroup.kill`` where it exists)."""
+        with contextlib.suppress(OSError):
+            (self.path / "cgroup.kill").write_text("1")
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def remove(self) -> None:
+        self.kill()
+        for _ in range(50):  # the last members leave the group a moment after SIGKILL
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the empty run groups that graders which died left in ``parent``."""
+    try:
+        entries = list(parent.glob(_CGROUP_PREFIX + "*"))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(_CGROUP_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that grader is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        with contextlib.suppress(OSError):
+            entry.rmdir()  # fails while a member is left: kept for its owner to see
+
+
+@functools.lru_cache(maxsize=None)
+def memory_cap_mechanism() -> str:
+    """How a run's memory cap (``SandboxLimits.total_memory_gib``) is held on this
+    machine, in one line for the grading header: a cgroup (the version and the folder
+    the runs' groups are made in) when the grader can make one here, otherwise the
+    watchdog and why no cgroup could be made. Tries once per process (makes and removes
+    an empty group)."""
+    group = _MemoryGroup.make(2**30)
+    if isinstance(group, _MemoryGroup):
+        group.remove()
+        limit = "memory.max" if group.version == 2 else "memory.limit_in_bytes"
+        return (f"a cgroup v{group.version} memory controller ({limit} of a group per run "
+                f"in {group.path.parent})")
+    return (f"a watchdog in the grader adding up the resident memory of the run's "
+            f"processes every {WATCH_INTERVAL_S:g} s (no cgroup here: {group})")
+
+
+def _processes(pid: int, uid: int | None) -> list:
+    """The command's process tree, and every process of the slot's uid."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        procs = []
+    if uid is not None:
+        seen = {p.pid for p in procs}
+        for p in psutil.process_iter(["uids"]):
+            with contextlib.suppress(psutil.Error, TypeError):
+                if p.info["uids"].real == uid and p.pid not in seen:
+                    procs.append(p)
+    return procs
+
+
+def _memory_used(procs: list, cap: int) -> int:
+    """Resident bytes of ``procs`` together: their RSS, cheap, while it is below ``cap``;
+    above it, their PSS (each shared page counted once, ``/proc/PID/smaps_rollup``)."""
+    import psutil
+
+    def total(measure) -> int:
+        n = 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                n += measure(p)
+        return n
+
+    rss = total(lambda p: p.memory_info().rss)
+    if rss <= cap:
+        return rss
+    try:
+        return total(lambda p: p.memory_full_info().pss)
+    except AttributeError:  # no PSS on this system
+        return rss
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
 
 
 def run_sandboxed(cmd: Sequence[str], *, scratch: Path, env: dict[str, str],
@@ -408,19 +666,107 @@ def _run(cmd: Sequence[str], *, scratch: Path, env: dict[str, str], limits: Sand
         cwd = "/"
     else:
         argv, run_env, cwd = list(cmd), dict(env), str(scratch)
+    cap = None if limits.total_memory_gib is None else int(limits.total_memory_gib * 2**30)
+    group = _MemoryGroup.make(cap) if cap is not None else None
+    group = group if isinstance(group, _MemoryGroup) else None
+    procs_fd = os.open(group.path / "cgroup.procs", os.O_WRONLY) if group else None
     start = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, cwd=cwd, env=run_env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, pass_fds=tuple(pass_fds),
-                                start_new_session=True, preexec_fn=_preexec(limits, nproc))
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, cwd=cwd, env=run_env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=tuple(pass_fds), start_new_session=True,
+                                    preexec_fn=_preexec(limits, nproc, procs_fd))
+            # the cgroup holds the cap only if the command joined it; else the watchdog
+            watched = group if group is not None and proc.pid in group.pids() else None
+            rc, timed_out, stopped = _watch(proc, log, limits, cap, watched, uid)
+            if rc is None:  # the wall-clock limit or a cap: everything of the run goes
+                if group is not None:
+                    group.kill()
+                if not sandboxed:  # a Jupyter kernel runs in a session of its own
+                    _kill_tree(proc.pid)
+            _kill_group(proc)  # also after a normal exit: detached children in the group
+            if group is not None:
+                group.kill()  # and every member of the run's cgroup, detached or not
+            if not stopped and watched is not None and watched.oom_kills():
+                stopped = _memory_message(limits, None)  # it ended after the kernel's kill
+        if uid is not None:
+            _kill_uid(uid)
+    finally:
+        if procs_fd is not None:
+            os.close(procs_fd)
+        if group is not None:
+            group.remove()
+    _close_log(log_path, limits, stopped, timed_out)
+    return SandboxRun(rc, timed_out, time.monotonic() - start, sandboxed, warning,
+                      stopped=stopped)
+
+
+def _kill_tree(pid: int) -> None:
+    """Unsandboxed: SIGKILL a live process and its descendants at once, without waiting
+    for them (a killed child's zombie waits for its parent's reaper, and holds no
+    memory). A child that detached from a parent that already exited escapes this; the
+    run's cgroup, where there is one, does not let it."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def _memory_message(limits: SandboxLimits, used: int | None) -> str:
+    return ((f"its processes together used {_gib(used)} GiB, more than " if used is not None
+             else "its processes together reached ")
+            + f"the memory cap of {limits.total_memory_gib:g} GiB (--total-memory-gib)"
+            + (": the kernel stopped one and the grader the rest" if used is None else ""))
+
+
+def _watch(proc: subprocess.Popen, log, limits: SandboxLimits, cap: int | None,
+           group: _MemoryGroup | None, uid: int | None) -> tuple[int | None, bool, str]:
+    """Wait for ``proc``, looking every :data:`WATCH_INTERVAL_S` at the clock, the log's
+    size and the memory of the run's processes (its cgroup's out-of-memory kills, or
+    their resident memory). Returns (exit status or None, whether the wall-clock limit
+    was reached, why a cap stopped it or "")."""
+    out_cap = None if limits.output_mib is None else int(limits.output_mib * 2**20)
+    deadline = time.monotonic() + limits.wall_timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, True, ""
         try:
-            rc: int | None = proc.wait(timeout=limits.wall_timeout_s)
-            timed_out = False
+            return proc.wait(timeout=min(WATCH_INTERVAL_S, left)), False, ""
         except subprocess.TimeoutExpired:
-            rc, timed_out = None, True
-            if not sandboxed:  # a Jupyter kernel runs in a session of its own
-                _kill_children(proc.pid)
-        _kill_group(proc)  # also after a normal exit: detached children in the group
-    if uid is not None:
-        _kill_uid(uid)
-    return SandboxRun(rc, timed_out, time.monotonic() - start, sandboxed, warning)
+            pass
+        if out_cap is not None and os.fstat(log.fileno()).st_size > out_cap:
+            return None, False, (f"it wrote more than {limits.output_mib:g} MiB of output "
+                                 "(stdout and stderr; the output cap, --output-mib)")
+        if cap is None:
+            continue
+        if group is not None:
+            if group.oom_kills():
+                return None, False, _memory_message(limits, None)
+            continue
+        used = _memory_used(_processes(proc.pid, uid), cap)
+        if used > cap:
+            return None, False, _memory_message(limits, used)
+
+
+def _close_log(log_path: Path, limits: SandboxLimits, stopped: str, timed_out: bool) -> None:
+    """Cut the log at the output cap and say at its end why the grader stopped the run."""
+    try:
+        if limits.output_mib is not None and \
+                log_path.stat().st_size > int(limits.output_mib * 2**20):
+            os.truncate(log_path, int(limits.output_mib * 2**20))
+        why = (f"run stopped: {stopped}" if stopped else
+               f"the wall-clock limit ({limits.wall_timeout_s:g} s) was reached: the run "
+               "was killed" if timed_out else "")
+        if why:
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(f"\n[perflab grader] {why}\n")
+    except OSError:
+        pass

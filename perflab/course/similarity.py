@@ -21,15 +21,24 @@ document fingerprinting", SIGMOD 2003), the one MOSS uses:
    a run of ``WINDOW + K_TOKENS - 1`` tokens share a fingerprint (the paper's guarantee
    threshold); runs shorter than ``K_TOKENS`` tokens (the noise threshold) never match.
 4. fingerprints of code every student was given (``boilerplate``: the cells of
-   ``labs/``, among them each exercise's own scaffold) are dropped from the answers, as
-   MOSS's ``-b`` base file does, so a scaffold left as given is not a match; and, as
-   MOSS's ``-m``, a fingerprint found in more than :data:`MAX_STUDENTS` students'
-   answers is an idiom of the class, not evidence between two of them (it still counts
-   against the references and perflab's source). This also bounds the work per answer:
-   a class of hundreds compares in seconds.
+   ``labs/``, among them each exercise's own scaffold and stubs, or the same cells built
+   from the references) are dropped from the answers, as MOSS's ``-b`` base file does,
+   so a scaffold left as given is not a match; and, as MOSS's ``-m``, a fingerprint
+   found in more than :data:`MAX_STUDENTS` students' answers is an idiom of the class,
+   not evidence between two of them (it still counts against the references and
+   perflab's source). This also bounds the work per answer: a class of hundreds
+   compares in seconds.
+5. only the answer's *own* tokens are evidence: not the tokens of the given cell it was
+   written in (the one sharing most k-grams with it: its scaffold, the stubs it left),
+   which a k-gram reaching across its edge would otherwise pull in, and not its short
+   formulas (an assignment or ``return`` of arithmetic on names and numbers, straight-line,
+   under :data:`FORMULA_TOKENS` tokens, a prediction's ``p = 0.2``): their correct form
+   is unique, so whoever gets them right writes them alike, between students as against
+   the reference.
 
-An answer's score against another document is the share of its fingerprinted tokens that
-fingerprints shared with that document cover (copydetect's "token overlap" measure).
+An answer's score against another document is the share of its own fingerprinted tokens
+that fingerprints shared with that document cover (copydetect's "token overlap"
+measure); a match must cover :data:`MIN_TOKENS` of its own tokens.
 
 Why not ``copydetect`` (0.5.0 on PyPI, which implements the same method): it hashes
 k-grams with Python's ``hash()``, salted per process by ``PYTHONHASHSEED``, so which
@@ -43,7 +52,8 @@ need the standard library only.
 The threshold (see tests/course/test_similarity.py, which keeps it calibrated): every
 honest variant in tests/labs/test_lab*_checks.py and tests/course/ stays below it
 against every reference solution, every reference solution copied with its variables
-renamed crosses it.
+renamed crosses it when it has :data:`MIN_TOKENS` tokens of its own (predictions,
+formulas and short fills of a scaffold are no evidence either way).
 """
 from __future__ import annotations
 
@@ -63,23 +73,28 @@ from typing import Iterable, Literal, Mapping
 __all__ = ["Match", "similarity_pairs", "write_similarity_csv", "findings_by_student",
            "tokens", "fingerprints", "reference_sources", "boilerplate_sources",
            "library_sources", "csv_cell", "K_TOKENS", "WINDOW", "THRESHOLD", "MIN_TOKENS",
-           "MAX_STUDENTS"]
+           "MAX_STUDENTS", "FORMULA_TOKENS"]
 
 #: k: tokens per hashed k-gram (the noise threshold: shorter common runs never match).
 K_TOKENS = 10
 #: w: k-grams per winnowing window (guarantee threshold ``WINDOW + K_TOKENS - 1`` tokens).
 WINDOW = 6
-#: Least share of an answer's fingerprinted tokens one document must cover to be a match.
-#: Calibrated (k=10, w=6, >= 40 tokens): honest variants in the tests reach at most 0.58
-#: against a reference solution and 0.42 against perflab's source; every reference
-#: copied with its identifiers renamed scores 1.00, and 36 of 40 copies that also insert
-#: a statement after every third line score >= 0.70 (the four others 0.62-0.69).
+#: Least share of an answer's own fingerprinted tokens one document must cover to be a
+#: match. Calibrated (k=10, w=6, >= 40 own tokens): honest variants in the tests reach at
+#: most 0.60 against a reference solution and 0.61 against perflab's source; every
+#: reference copied with its identifiers renamed that has 40 tokens of its own (40 of
+#: 68) scores 1.00, and 33 of 37 copies that also insert a statement after every third
+#: line score >= 0.70 (the four others 0.56-0.59).
 THRESHOLD = 0.70
-#: Least number of an answer's tokens a match must cover (a two-line answer resembles
-#: everything; below this nothing is reported).
+#: Least number of an answer's own tokens (not its scaffold, not its short formulas) a
+#: match must cover (a two-line answer resembles everything; below this nothing is
+#: reported, a student's side of a pair included).
 MIN_TOKENS = 40
 #: A fingerprint in more students' answers than this is ignored between students.
 MAX_STUDENTS = 10
+#: A formula (a statement that assigns or returns arithmetic of names and numbers) of
+#: fewer tokens than this has one correct form: it is no evidence of copying.
+FORMULA_TOKENS = 40
 
 Kind = Literal["reference", "library", "student"]
 
@@ -111,15 +126,20 @@ class Match:
     unit: str = ""
     """The top-level function or class of the answer cell that matches (empty: the
     whole cell)."""
+    source_unit: str = ""
+    """reference, student: the top-level function or class of the matched cell that the
+    match falls in (empty: a cell without one); library: empty (``source`` names it)."""
 
     @property
     def matched(self) -> str:
-        """What it matches, in words: ``"the reference solution my_amp_step"``,
-        ``"perflab's perflab.analysis.collectives.fit_alpha_beta"``, ``"student bob's
-        answer my_amp_step"``."""
-        return {"reference": f"the reference solution {self.source}",
+        """What it matches, in words: ``"the reference solution my_amp_step
+        (my_amp_step)"``, ``"perflab's perflab.analysis.collectives.fit_alpha_beta"``,
+        ``"student bob's answer zero1_file (ZeRO1)"``."""
+        where = f" ({self.source_unit})" if self.source_unit else ""
+        return {"reference": f"the reference solution {self.source}{where}",
                 "library": f"perflab's {self.source}",
-                "student": f"student {self.source}'s answer {self.source_cell}"}[self.kind]
+                "student": f"student {self.source}'s answer {self.source_cell}{where}"
+                }[self.kind]
 
     def finding(self) -> str:
         """The review-column text: ``"my_amp_step: 96% of the answer (120 tokens) matches
@@ -136,15 +156,24 @@ def tokens(source: str) -> list[str]:
     tokenizer goes; a cell it rejects (an unterminated string, a bad dedent) is split by
     a regular expression instead, without indentation tokens.
     """
+    return _tokens(source)[0]
+
+
+def _tokens(source: str) -> tuple[list[str], list[int]]:
+    """:func:`tokens`, and the 1-based line each token starts on."""
     try:
         raw = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):
-        return [_normal_name(t) if t[0].isalpha() or t[0] == "_" else
-                "N" if t[0].isdigit() else "S" if t[0] in "'\"" else t
-                for t in _REGEX_TOKEN.findall(source)]
+        found = list(_REGEX_TOKEN.finditer(source))
+        return ([_normal_name(t) if t[0].isalpha() or t[0] == "_" else
+                 "N" if t[0].isdigit() else "S" if t[0] in "'\"" else t
+                 for t in (m.group() for m in found)],
+                [source.count("\n", 0, m.start()) + 1 for m in found])
     out: list[str] = []
+    lines: list[int] = []
     depth = 0  # inside a Python >= 3.12 f-string: one "S" for all of it, as before 3.12
     for tok in raw:
+        n = len(out)
         if tok.type == _FSTART:
             if depth == 0:
                 out.append("S")
@@ -167,7 +196,8 @@ def tokens(source: str) -> list[str]:
             out.append("}")
         elif tok.string.strip():
             out.append(tok.string)
-    return out
+        lines += [tok.start[0]] * (len(out) - n)
+    return out, lines
 
 
 def _normal_name(name: str) -> str:
@@ -217,21 +247,83 @@ def _covered(fps: Mapping[int, list[int]], keep: Iterable[int], k: int) -> set[i
     return {p + d for h in keep for p in fps[h] for d in range(k)}
 
 
+#: What a *formula* may call: a statement that assigns or returns an expression of names,
+#: numbers, attributes, subscripts, arithmetic and these (``max(a, b)``, ``sum(x for x in
+#: xs)``, ``math.sqrt(n)``) has one correct form, so two people who write it right write
+#: it alike: a short one is no evidence (:func:`_unique_positions`).
+_FORMULA_CALLS = frozenset({"abs", "min", "max", "sum", "len", "float", "int", "round",
+                            "pow", "divmod", "bool", "range"})
+_FORMULA_NODES = (ast.expr, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop,
+                  ast.boolop, ast.comprehension, ast.keyword)
+
+
+def _formula(node: ast.expr) -> bool:
+    """``node`` is arithmetic on names and numbers (see :data:`_FORMULA_CALLS`)."""
+    for n in ast.walk(node):
+        if isinstance(n, (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom,
+                          ast.Starred)) or not isinstance(n, _FORMULA_NODES):
+            return False
+        if isinstance(n, ast.Call) and not (
+                isinstance(n.func, ast.Name) and n.func.id in _FORMULA_CALLS
+                or isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                and n.func.value.id == "math"):
+            return False
+    return True
+
+
+def _python(source: str) -> str:
+    """``source`` with its magic and ``!`` lines blanked (line numbers kept)."""
+    return "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln
+                     for ln in source.split("\n"))
+
+
+def _unique_positions(source: str, lines: list[int], limit: int) -> set[int]:
+    """Token positions (``lines``: each token's line) of the short formulas of
+    ``source``, fewer than ``limit`` tokens each, in straight-line code (a cell's or a
+    function's own statements, not a loop's or a branch's): ``x = a / (b * c)``,
+    ``return mfu, hfu``, a prediction's ``p = 0.2``. An answer whose correct form is
+    unique matches whoever got it right."""
+    try:
+        tree = ast.parse(_python(source))
+    except SyntaxError:
+        return set()
+    spans = set()
+    bodies = [tree.body, *(n.body for n in ast.walk(tree)
+                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+    for node in (n for body in bodies for n in body):  # straight-line code, not a loop's
+        value = node.value if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign,
+                                                ast.Return)) else None
+        if value is not None and _formula(value) and all(
+                _formula(t) for t in getattr(node, "targets", [getattr(node, "target", value)])):
+            spans.add((node.lineno, node.end_lineno or node.lineno))
+    at: dict[int, list[int]] = defaultdict(list)
+    for i, ln in enumerate(lines):
+        at[ln].append(i)
+    out = set()
+    for first, last in spans:
+        where = [i for ln in range(first, last + 1) for i in at.get(ln, ())]
+        if len(where) < limit:
+            out.update(where)
+    return out
+
+
+def _defs(source: str) -> list[tuple[str, str]]:
+    """``[(name, source), ...]`` of the top-level functions and classes of a cell."""
+    lines = source.split("\n")
+    try:
+        tree = ast.parse(_python(source))
+    except SyntaxError:
+        return []
+    return [(n.name, _segment(lines, n)) for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
 def _units(source: str) -> list[tuple[str, str]]:
     """``[("", cell), (name, def), ...]``: the whole cell, then each top-level function
     and class of it when it holds more than one (a cell of several exercises: one copied
     function among honest ones is a match of its own)."""
-    lines = source.split("\n")
-    code = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in lines)
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return [("", source)]
-    defs = [n for n in tree.body
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    if len(defs) < 2:
-        return [("", source)]
-    return [("", source), *((n.name, _segment(lines, n)) for n in defs)]
+    defs = _defs(source)
+    return [("", source), *defs] if len(defs) > 1 else [("", source)]
 
 
 def _segment(lines: list[str], node: ast.stmt) -> str:
@@ -250,7 +342,9 @@ def similarity_pairs(answers: Mapping[str, Mapping[str, str]], references: Mappi
 
     The answer is compared as a whole and, when it defines several top-level functions
     or classes, each of them on its own (:attr:`Match.unit`); the best of these per
-    matched document is reported.
+    matched document is reported, with the function or class of the matched cell it
+    falls in (:attr:`Match.source_unit`). Only the answer's own tokens count (step 5 of
+    the module docstring): not the given cell it was written in, not its short formulas.
 
     Args:
         answers: ``student -> grade_id -> source`` of the batch's answer cells.
@@ -259,9 +353,10 @@ def similarity_pairs(answers: Mapping[str, Mapping[str, str]], references: Mappi
         library: ``qualified name -> source`` of perflab's functions and classes
             (:func:`library_sources`).
         boilerplate: code every student was given (:func:`boilerplate_sources`, the cells
-            of ``labs/``); its k-grams are no answer's fingerprints.
-        threshold: least share of an answer's fingerprinted tokens a match covers.
-        min_tokens: least number of the answer's tokens a match covers.
+            of ``labs/``); its k-grams are no answer's fingerprints, and the cell an
+            answer was written in is not its own code.
+        threshold: least share of an answer's own fingerprinted tokens a match covers.
+        min_tokens: least number of the answer's own tokens a match covers.
         max_students: a fingerprint in more students' answers than this is ignored
             between students (MOSS's ``-m``).
         k, window: the k-gram length and the winnowing window, in tokens.
@@ -269,7 +364,8 @@ def similarity_pairs(answers: Mapping[str, Mapping[str, str]], references: Mappi
     Returns:
         The matches, highest score first. Two students whose answers match give one
         :class:`Match` each way (each names the other), the pair being reported when
-        either direction crosses the threshold.
+        either direction crosses the threshold; a direction that covers fewer than
+        ``min_tokens`` of its student's own tokens is never reported.
 
     Raises:
         ValueError: ``threshold`` outside (0, 1], ``min_tokens``, ``max_students``,
@@ -282,13 +378,32 @@ def similarity_pairs(answers: Mapping[str, Mapping[str, str]], references: Mappi
                          f"and {max_students}")
     if k < 1 or window < 1:
         raise ValueError(f"k and window must be >= 1, got k={k}, window={window}")
-    base = {h for src in boilerplate for h in _kgram_hashes(src, k)}
+    given = [set(_kgram_hashes(src, k)) for src in boilerplate]
+    base = set().union(*given)
+    given_in: dict[int, list[int]] = defaultdict(list)  # k-gram hash -> given cells
+    for i, hs in enumerate(given):
+        for h in hs:
+            given_in[h].append(i)
     cache: dict[str, dict[int, list[int]]] = {}  # a text's fingerprints, computed once
 
     def fps_of(text: str) -> dict[int, list[int]]:
         if text not in cache:
             cache[text] = fingerprints(text, k=k, window=window)
         return cache[text]
+
+    def own_positions(text: str) -> set[int]:
+        """The answer's own tokens: neither the given cell it was written in (the one
+        that shares most k-grams with it: its scaffold, stubs kept or not) nor a short
+        formula (:func:`_unique_positions`)."""
+        toks, lines = _tokens(text)
+        hashes = [_hash(toks[i:i + k]) for i in range(len(toks) - k + 1)]
+        votes: dict[int, int] = defaultdict(int)
+        for h in set(hashes):
+            for i in given_in.get(h, ()):
+                votes[i] += 1
+        scaffold = given[min(votes, key=lambda i: (-votes[i], i))] if votes else set()
+        kept = {i + d for i, h in enumerate(hashes) if h in scaffold for d in range(k)}
+        return set(range(len(toks))) - kept - _unique_positions(text, lines, FORMULA_TOKENS)
 
     index: dict[int, list[tuple[Kind, str, str]]] = defaultdict(list)
     for kind, docs in (("reference", {(g, ""): s for g, s in references.items()}),
@@ -301,13 +416,16 @@ def similarity_pairs(answers: Mapping[str, Mapping[str, str]], references: Mappi
     for h, docs in index.items():
         if len({name for kind, name, _ in docs if kind == "student"}) > max_students:
             index[h] = [d for d in docs if d[0] != "student"]
-    # (student, grade_id, kind, name, cell) -> (score, covered tokens, unit): best unit
-    best: dict[tuple[str, str, Kind, str, str], tuple[float, int, str]] = {}
+    # (student, grade_id, kind, name, cell) -> (score, covered tokens, unit, shared hashes)
+    best: dict[tuple[str, str, Kind, str, str], tuple[float, int, str, frozenset]] = {}
     for student in sorted(answers):
         for gid in sorted(answers[student]):
             for unit, text in _units(answers[student][gid]):
+                own = own_positions(text)
                 fps = {h: p for h, p in fps_of(text).items() if h not in base}
-                total = len(_covered(fps, fps, k))
+                total = len(_covered(fps, fps, k) & own)
+                if not total:
+                    continue  # nothing of its own: the scaffold, stubs or formulas only
                 shared: dict[tuple[Kind, str, str], list[int]] = defaultdict(list)
                 for h in fps:
                     for doc in set(index[h]):
@@ -315,17 +433,30 @@ def similarity_pairs(answers: Mapping[str, Mapping[str, str]], references: Mappi
                 for (kind, name, cell), hs in shared.items():
                     if kind == "student" and name == student:
                         continue
-                    covered = len(_covered(fps, hs, k))
+                    covered = len(_covered(fps, hs, k) & own)
                     key = (student, gid, kind, name, cell)
-                    if (covered / total, covered) > best.get(key, (0.0, 0, ""))[:2]:
-                        best[key] = (covered / total, covered, unit)
+                    if (covered / total, covered) > best.get(key, (0.0, 0))[:2]:
+                        best[key] = (covered / total, covered, unit, frozenset(hs))
 
     def crosses(score: float, covered: int) -> bool:
         return score >= threshold and covered >= min_tokens
 
-    found = {key for key, (score, covered, _) in best.items() if crosses(score, covered)}
-    found |= {(n, c, kind, s, g) for s, g, kind, n, c in found if kind == "student"}
-    matches = [Match(*key, *best.get(key, (0.0, 0, ""))) for key in found]
+    found = {key for key, (score, covered, *_) in best.items() if crosses(score, covered)}
+    # the other student of a pair, when their side covers enough of their own code
+    found |= {mirror for s, g, kind, n, c in found if kind == "student"
+              if (mirror := (n, c, kind, s, g)) in best and best[mirror][1] >= min_tokens}
+
+    def source_unit(kind: Kind, name: str, cell: str, hs: frozenset) -> str:
+        """The function or class of the matched cell that the shared k-grams fall in."""
+        text = references.get(name, "") if kind == "reference" else \
+            answers.get(name, {}).get(cell, "") if kind == "student" else ""
+        defs = _defs(text)
+        if len(defs) < 2:
+            return defs[0][0] if defs else ""
+        return max(defs, key=lambda d: len(hs & set(fps_of(d[1]))))[0]
+
+    matches = [Match(*key, *best[key][:3], source_unit(*key[2:], best[key][3]))
+               for key in found]
     return sorted(matches, key=lambda m: (-m.score, m.student, m.grade_id, m.kind, m.source,
                                           m.source_cell))
 
@@ -348,16 +479,18 @@ def csv_cell(value: object) -> str:
 
 def write_similarity_csv(matches: Iterable[Match], path: str | Path) -> Path:
     """Write the matches to ``path`` (``instructor/similarity.csv``): one row per match,
-    ``student, grade_id, kind, source, source_cell, score, tokens``, atomically, with the
-    text cells escaped against CSV injection, as ``scores.csv`` is
-    (:func:`perflab.course.report.write_csv`). Winnowing: Schleimer, Wilkerson, Aiken,
-    SIGMOD 2003 (see :func:`similarity_pairs`). Returns the path."""
+    ``student, grade_id, unit, kind, source, source_cell, source_unit, score, tokens``
+    (``unit`` and ``source_unit``: the function or class matched on either side, empty
+    for a whole cell), atomically, with the text cells escaped against CSV injection, as
+    ``scores.csv`` is (:func:`perflab.course.report.write_csv`). Winnowing: Schleimer,
+    Wilkerson, Aiken, SIGMOD 2003 (see :func:`similarity_pairs`). Returns the path."""
     from perflab.course.report import write_csv
 
-    header = ["student", "grade_id", "kind", "source", "source_cell", "score", "tokens"]
-    rows = [[m.student, m.grade_id, m.kind, m.source, m.source_cell, f"{m.score:.3f}",
-             str(m.tokens)] for m in matches]
-    return write_csv(path, header, rows, text_columns=header[:5])
+    header = ["student", "grade_id", "unit", "kind", "source", "source_cell", "source_unit",
+              "score", "tokens"]
+    rows = [[m.student, m.grade_id, m.unit, m.kind, m.source, m.source_cell, m.source_unit,
+             f"{m.score:.3f}", str(m.tokens)] for m in matches]
+    return write_csv(path, header, rows, text_columns=header[:7])
 
 
 # --- the documents of a batch ------------------------------------------------------------
@@ -382,17 +515,60 @@ def reference_sources(solutions: str | Path) -> dict[str, str]:
     return out
 
 
-_GRADER_REGION = re.compile(r"^[ \t]*### BEGIN (SOLUTION|HIDDEN TESTS)[ \t]*\n.*?"
-                            r"^[ \t]*### END \1[ \t]*$", re.S | re.M)
+_HIDDEN_REGION = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[ \t]*\n.*?"
+                            r"^[ \t]*### END HIDDEN TESTS[ \t]*$", re.S | re.M)
+
+
+def _given(cell: dict, built: bool) -> str:
+    """A code cell of a solution notebook as the build hands it out
+    (:func:`perflab.course.build.build_lab`): each solution region replaced by its stub,
+    indented as its ``### BEGIN SOLUTION`` line (nbgrader's ``# YOUR CODE HERE`` /
+    ``raise NotImplementedError()``; a prediction's ``name = None`` lines), a solution
+    cell without a region by the stub alone, hidden-test regions cut out. A cell of a
+    ``built`` notebook (``labs/``: no region left in it) is given as it is."""
+    if built:
+        return _text(cell)
+    from perflab.course.build import _NBGRADER_STUB, prediction_stubs
+
+    text = _text(cell)
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    predicted = prediction_stubs(_nbformat_cell(cell)) if str(
+        meta.get("grade_id", "")).startswith("predict_") else {}
+    stub = predicted.get(meta.get("grade_id"), _NBGRADER_STUB)
+    out, inside, replaced = [], False, False
+    for line in text.split("\n"):
+        if "### BEGIN SOLUTION" in line:
+            indent = re.match(r"\s*", line).group(0)
+            out += [indent + s.lstrip() if s.strip() else s for s in stub.split("\n")]
+            inside = replaced = True
+        elif "### END SOLUTION" in line:
+            inside = False
+        elif not inside:
+            out.append(line)
+    if meta.get("solution") and not replaced:
+        return stub
+    return _HIDDEN_REGION.sub("", "\n".join(out))
+
+
+def _nbformat_cell(cell: dict):
+    """A one-cell nbformat notebook of ``cell`` (for :mod:`perflab.course.build`)."""
+    import nbformat
+
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        _text(cell), metadata=nbformat.from_dict(cell.get("metadata", {})))])
 
 
 def boilerplate_sources(notebooks: str | Path) -> list[str]:
     """The code every student was given: every code cell of ``labs/NN_*.ipynb``, or of
-    ``solutions/NN_*.ipynb`` with its solution and hidden-test regions cut out (the same
-    code, for a grader that has the references only)."""
-    return [_GRADER_REGION.sub("", _text(c))
-            for nb in sorted(Path(notebooks).glob("[0-9][0-9]_*.ipynb"))
-            for c in _cells(nb) if c.get("cell_type") == "code"]
+    ``solutions/NN_*.ipynb`` as the build hands it out (solution regions replaced by
+    their stubs, hidden-test regions cut out: the same code, for a grader that has the
+    references only), so that an untouched stub is given code too."""
+    out = []
+    for nb in sorted(Path(notebooks).glob("[0-9][0-9]_*.ipynb")):
+        cells = [c for c in _cells(nb) if c.get("cell_type") == "code"]
+        built = not any("### BEGIN SOLUTION" in _text(c) for c in cells)
+        out += [_given(c, built) for c in cells]
+    return out
 
 
 def library_sources(package: str | Path, name: str = "perflab") -> dict[str, str]:

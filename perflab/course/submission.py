@@ -28,12 +28,15 @@ A whole folder of submissions is :mod:`perflab.course.grading`.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
 import re
+import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -43,11 +46,14 @@ from perflab.course.answers import (SKIP_TAG, Flag, allowances, answers_of, asse
                                     autograded, scan_answer)
 from perflab.course.cases import judge_answers
 from perflab.course.checks import parse_facts, run_judge
+from perflab.course.grading_process import ENV_FD as PROCESS_FD
+from perflab.course.grading_process import SPEC_NAME, kernel_notebook, plan_process, read_records
 from perflab.course.sandbox import SANDBOX_WORK, SandboxLimits, run_sandboxed
 from perflab.course.warm import HEADERS_ENV, SANDBOX_USER
 from perflab.course.written import written_answers
 
 __all__ = ["Limits", "CheckResult", "LabGrade", "lab_key", "grade_notebook", "error_grade",
+           "read_submitted_notebook", "MAX_NOTEBOOK_BYTES", "READ_TIMEOUT_S",
            "hideable"]
 
 _LAB_NAME = re.compile(r"^(\d\d)_.*\.ipynb$")
@@ -72,24 +78,35 @@ class Limits:
     disk_gib: float = 1.0
     """Size of each writable file system in the sandbox (scratch, ``/tmp``, ``/dev/shm``:
     tmpfs, so RAM beside the per-process ``memory_gib``), GiB."""
+    total_memory_gib: float | None = 6.0
+    """Memory of all the run's processes together, GiB; None: no cap. A cgroup where the
+    grader can make one, else a watchdog on their resident memory
+    (:func:`perflab.course.sandbox.memory_cap_mechanism`); above it the run is stopped
+    and the row says so."""
+    output_mib: float = 64.0
+    """Output of a run, MiB: what its processes write to the log (stdout, stderr) and
+    what the kernel sends nbval (held in memory); above it the run is stopped."""
 
     def describe(self) -> str:
         """One line for the grading header."""
         mem = "no limit" if self.memory_gib is None else f"{self.memory_gib:g} GiB"
+        total = "no cap" if self.total_memory_gib is None else f"{self.total_memory_gib:g} GiB"
         return (f"limits per notebook: {self.wall_timeout_s:g} s wall, {self.cell_timeout_s:g} s "
-                f"per cell, address space {mem} per process, {self.nproc} processes, "
+                f"per cell, address space {mem} per process, {total} for its processes "
+                f"together, {self.output_mib:g} MiB of output, {self.nproc} processes, "
                 f"scratch, /tmp and /dev/shm {self.disk_gib:g} GiB each (tmpfs)")
 
     def __post_init__(self) -> None:
+        optional = ("memory_gib", "cpu_s", "total_memory_gib")
         for name in ("cell_timeout_s", "wall_timeout_s", "memory_gib", "nproc", "cpu_s",
-                     "disk_gib"):
+                     "disk_gib", "total_memory_gib", "output_mib"):
             v = getattr(self, name)
-            if v is None and name in ("memory_gib", "cpu_s"):
+            if v is None and name in optional:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or v <= 0:
                 raise ValueError(f"{name} must be a finite number > 0"
-                                 + (" (or None for no limit)" if name in ("memory_gib", "cpu_s")
+                                 + (" (or None for no limit)" if name in optional
                                     else "") + f", got {v!r}")
 
 
@@ -187,6 +204,13 @@ _PYTEST_BOOT = ("import sys; sys.modules['rfc3987_syntax'] = None; "
                 "from perflab.course.warm import seed_from_env; seed_from_env(); import pytest; "
                 "sys.exit(pytest.main(sys.argv[1:]))")
 
+#: How the sandbox starts the grading process (:mod:`perflab.course.grading_process`):
+#: ``__main__`` is this ``-c`` program, as a kernel's namespace is ``__main__``, so the
+#: cells run in it and spawned ranks find no script to re-import.
+_PROCESS_BOOT = ("import sys; sys.modules['rfc3987_syntax'] = None; "
+                 "from perflab.course.warm import seed_from_env; seed_from_env(); "
+                 "from perflab.course.grading_process import main; sys.exit(main())")
+
 #: Where Inductor's precompiled headers (:mod:`perflab.course.warm`) appear inside.
 _HEADERS_INSIDE = f"{SANDBOX_WORK}/.inductor-headers"
 
@@ -232,6 +256,101 @@ def _env(scratch: Path, fd: int, threads: int | None) -> dict[str, str]:
     return env
 
 
+#: The largest submitted notebook the grader reads, bytes (a larger file is refused).
+MAX_NOTEBOOK_BYTES = 50 * 2**20
+#: Seconds the grader waits for a submitted notebook's bytes (a stalled network or FUSE
+#: file system): after it the file is refused.
+READ_TIMEOUT_S = 60.0
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def read_submitted_notebook(path: str | Path, max_bytes: int = MAX_NOTEBOOK_BYTES,
+                            timeout_s: float = READ_TIMEOUT_S) -> nbformat.NotebookNode:
+    """A submitted notebook, read as the grader reads every submission: a regular file
+    only, never through a symbolic link, at most ``max_bytes``, within ``timeout_s``.
+
+    The file is opened with ``O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY`` (a named
+    pipe opens without waiting for a writer) after an ``lstat`` (a device is never
+    opened), checked with ``fstat``, read up to ``max_bytes + 1`` bytes in a helper
+    thread (a read that stalls is abandoned after ``timeout_s``) and parsed with
+    :func:`nbformat.reads` (version 4).
+
+    Raises:
+        ValueError: ``path`` is not a regular file (a named pipe, socket, device, folder
+            or symbolic link), is larger than ``max_bytes``, could not be read within
+            ``timeout_s``, or is not UTF-8; nbformat's own ``ValueError`` subclasses
+            (``NotJSONError``) when it is not a notebook. Each message names the file
+            and what to do.
+        OSError: the file cannot be opened (missing, no permission).
+    """
+    path = Path(path)
+    name = path.name
+
+    def refuse(mode: int) -> None:
+        kind = next((k for test, k in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise ValueError(f"{name} is {kind}, not a notebook file; the grader reads only "
+                         "regular files: put the notebook file itself (NN_*.ipynb) there")
+
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        refuse(st.st_mode)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # replaced by a link since the lstat
+            refuse(stat.S_IFLNK)
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            refuse(st.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    too_big = (f"{name} is larger than the {max_bytes / 2**20:.3g} MiB ({max_bytes:,} bytes) "
+               "the grader reads (MAX_NOTEBOOK_BYTES); clear its outputs (Jupyter: Edit > "
+               "Clear Outputs of All Cells), save and submit it again")
+    if st.st_size > max_bytes:
+        os.close(fd)
+        raise ValueError(too_big)
+    chunks: list[bytes] = []
+    errors: list[OSError] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            n = 0
+            while n <= max_bytes:
+                chunk = os.read(fd, min(2**20, max_bytes + 1 - n))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                n += len(chunk)
+        except OSError as e:
+            errors.append(e)
+        finally:
+            os.close(fd)
+            done.set()
+
+    threading.Thread(target=read, name="read-notebook", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise ValueError(f"{name} could not be read within {timeout_s:g} s; copy the "
+                         "submissions onto a local disk and grade again")
+    if errors:
+        raise errors[0]
+    data = b"".join(chunks)
+    if len(data) > max_bytes:  # it grew while being read
+        raise ValueError(too_big)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name} is not UTF-8 text (byte 0x{data[e.start]:02x} at byte "
+                         f"{e.start}); save the notebook from Jupyter again") from None
+    return nbformat.reads(text, as_version=4)
+
+
 def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str = "",
                    limits: Limits = Limits(), sanitize: str | Path | None = None,
                    sandbox: Literal["auto", "bwrap", "none"] = "auto",
@@ -239,7 +358,8 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                    skip_tag: str = SKIP_TAG,
                    reference: nbformat.NotebookNode | None = None,
                    seed: str | int = 0, inside: str | Path | None = None,
-                   inductor_headers: Path | None = None) -> LabGrade:
+                   inductor_headers: Path | None = None,
+                   run_notebook: bool = True) -> LabGrade:
     """Grade one submitted notebook against its reference notebook.
 
     Args:
@@ -264,6 +384,9 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         inductor_headers: Inductor's precompiled headers, built by the grader
             (:func:`perflab.course.warm.build_inductor_headers`), lent read-only to the
             sandbox; None: the notebook compiles them itself if it needs them.
+        run_notebook: also run the notebook (its check cells left out) under nbval in a
+            kernel, for the instructor's log of what the student's cells print; no point
+            comes from it (:mod:`perflab.course.grading_process` earns them all).
 
     Returns:
         A :class:`LabGrade`. Never raises for anything the submission does: an
@@ -285,7 +408,7 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                            f"refused: {path.name} is a symbolic link or lies outside the "
                            "submissions folder; submit the notebook file itself")
     try:
-        submission = nbformat.read(str(path), as_version=4)
+        submission = read_submitted_notebook(path)
         if not isinstance(submission.get("cells"), list):
             raise ValueError("it has no list of cells")
         answers, notes = answers_of(submission, reference)
@@ -298,86 +421,130 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
     assembled = assemble(reference, answers, skip_tag=skip_tag, seed=f"{seed}:{student}")
     grade = LabGrade(student, lab, path, [], flags=flags, notes=notes,
                      written=written_answers(submission, reference))
+    plan = plan_process(assembled, cell_timeout_s=limits.cell_timeout_s)
     with tempfile.TemporaryDirectory(prefix="perflab-grade-") as tmp:
         tmp = Path(tmp)
         tmp.chmod(0o711)  # bwrap, as the slot's uid, must reach scratch/ to bind it
-        scratch = tmp / "scratch"
-        (scratch / "home").mkdir(parents=True)
-        nb_path = scratch / reference_path.name
-        nbformat.write(assembled.notebook, str(nb_path))
-        ini = scratch / "pytest.ini"
-        ini.write_text("[pytest]\n")  # keep any project's addopts/conftest out of the run
-        channel = tmp / "channel.jsonl"
-        fd = os.open(channel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        cmd = [sys.executable, "-P", "-c", _PYTEST_BOOT, str(nb_path), "-c", str(ini),
-               "--rootdir", str(scratch), "-p", "nbval", "-p", "perflab.course.nbval_channel",
-               "-p", "no:cacheprovider", "-q", "--color=no", "--nbval-lax",
-               "--nbval-current-env", f"--nbval-cell-timeout={limits.cell_timeout_s:g}"]
         hidden = hideable(reference_path.resolve().parent, tmp.parent, _SOLUTIONS, *hide)
-        env = _env(scratch, fd, threads)
-        binds = []
+        binds, extra_env = [], {}
         if inductor_headers is not None:
             binds.append((inductor_headers, _HEADERS_INSIDE))
-            env.update({HEADERS_ENV: _HEADERS_INSIDE, "LOGNAME": SANDBOX_USER})
-        try:
-            run = run_sandboxed(
-                cmd, scratch=scratch, env=env, log_path=tmp / "log.txt", ro_binds=binds,
-                hide=hidden, pass_fds=[fd], slot=slot,
-                mode=sandbox, limits=SandboxLimits(
-                    wall_timeout_s=limits.wall_timeout_s, memory_gib=limits.memory_gib,
-                    cpu_s=limits.cpu_s, nproc=limits.nproc, tmpfs_gib=limits.disk_gib))
-        finally:
-            os.close(fd)
-        records, bad = _records(channel)
-        grade.cell_seconds = [(r["cell_num"], str(r.get("first_line", "")), float(r["seconds"]))
-                              for r in records if r.get("when") == "call"
-                              and isinstance(r.get("cell_num"), int)
+            extra_env = {HEADERS_ENV: _HEADERS_INSIDE, "LOGNAME": SANDBOX_USER}
+        sandbox_limits = SandboxLimits(
+            wall_timeout_s=limits.wall_timeout_s, memory_gib=limits.memory_gib,
+            cpu_s=limits.cpu_s, nproc=limits.nproc, tmpfs_gib=limits.disk_gib,
+            total_memory_gib=limits.total_memory_gib, output_mib=limits.output_mib)
+
+        def sandboxed(cmd: list[str], scratch: Path, fd: int, env: dict, log: Path):
+            try:
+                return run_sandboxed(cmd, scratch=scratch, env={**env, **extra_env},
+                                     log_path=log, ro_binds=binds, hide=hidden,
+                                     pass_fds=[fd], slot=slot, mode=sandbox,
+                                     limits=sandbox_limits)
+            finally:
+                os.close(fd)
+
+        # 1. The points: the graded calls in a fresh process (no kernel, no IPython),
+        # its own scratch folder, the plan's hidden cases in and raw answers out on a
+        # private file descriptor (perflab.course.grading_process).
+        process_scratch = tmp / "grading"
+        (process_scratch / "home").mkdir(parents=True)
+        plan_file = process_scratch / SPEC_NAME
+        plan_file.write_text(json.dumps(plan))
+        process_channel = tmp / "grading.jsonl"
+        fd = os.open(process_channel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        env = _env(process_scratch, fd, threads)
+        env[PROCESS_FD] = env.pop("PERFLAB_VERDICT_FD")
+        run = sandboxed([sys.executable, "-P", "-c", _PROCESS_BOOT, str(plan_file)],
+                        process_scratch, fd, env, tmp / "grading-log.txt")
+        by_check, cell_records, bad = read_records(process_channel)
+        grade.cell_seconds = [(r["cell"], str(r.get("first_line", "")), float(r["seconds"]))
+                              for r in cell_records if isinstance(r.get("cell"), int)
                               and isinstance(r.get("seconds"), (int, float))]
-        grade.log = _tail(tmp / "log.txt")
-    grade.wall_s, grade.sandboxed, grade.warning = run.wall_s, run.sandboxed, run.warning
+        log = "== the grading process (points) ==\n" + _tail(tmp / "grading-log.txt")
+        # 2. The notebook under nbval in a kernel, its checks left out: the log of what
+        # the student's cells print and where one stops. No point comes from it.
+        if run_notebook:
+            scratch = tmp / "scratch"
+            (scratch / "home").mkdir(parents=True)
+            nb_path = scratch / reference_path.name
+            nbformat.write(kernel_notebook(assembled), str(nb_path))
+            ini = scratch / "pytest.ini"
+            ini.write_text("[pytest]\n")  # keep any project's addopts/conftest out
+            channel = tmp / "channel.jsonl"
+            fd = os.open(channel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            cmd = [sys.executable, "-P", "-c", _PYTEST_BOOT, str(nb_path), "-c", str(ini),
+                   "--rootdir", str(scratch), "-p", "nbval", "-p",
+                   "perflab.course.nbval_channel", "-p", "no:cacheprovider", "-q",
+                   "--color=no", "--nbval-lax", "--nbval-current-env",
+                   f"--nbval-cell-timeout={limits.cell_timeout_s:g}",
+                   f"--perflab-output-mib={limits.output_mib:g}"]
+            kernel_run = sandboxed(cmd, scratch, fd, _env(scratch, fd, threads),
+                                   tmp / "log.txt")
+            log += ("\n== the notebook under nbval (no points) ==\n" + _tail(tmp / "log.txt"))
+            grade.wall_s += kernel_run.wall_s
+            if kernel_run.stopped:
+                grade.notes.append(f"the notebook under nbval was stopped: {kernel_run.stopped}")
+        grade.log = log
+    grade.wall_s += run.wall_s
+    grade.sandboxed, grade.warning = run.sandboxed, run.warning
+    if run.stopped:
+        grade.error = f"stopped: {run.stopped}"
     if bad:
-        grade.notes.append(f"{bad} line(s) of the verdict channel were not JSON (ignored)")
-    _score(grade, assembled, graded, records, run.timed_out, limits)
+        grade.notes.append(f"{bad} line(s) of the grading process's records were not "
+                           "JSON records (ignored)")
+    _score(grade, assembled, graded, by_check, cell_records, run.timed_out, limits)
     return grade
 
 
-def _score(grade: LabGrade, assembled, graded: dict[str, float], records: list[dict],
-           hit_wall: bool, limits: Limits) -> None:
-    by_probe = {}
-    for r in records:
-        if r.get("probe") and r["probe"] not in by_probe:
-            by_probe[r["probe"]] = r
-    stop = next((r for r in records if r.get("stopped")), None)
-    why_not_run = (f"not run: code cell {stop['cell_num'] + 1} ({stop['first_line']!r}) "
-                   f"stopped the notebook: {stop['message']}" if stop else
-                   f"not run: the notebook's wall-clock limit ({limits.wall_timeout_s:g} s) "
-                   "was reached" if hit_wall else
-                   "not run: the notebook stopped before this check (see the log)")
+def _score(grade: LabGrade, assembled, graded: dict[str, float],
+           by_check: dict[str, list[dict]], cell_records: list[dict], hit_wall: bool,
+           limits: Limits) -> None:
+    """Judge the grading process's records (:func:`perflab.course.grading_process.main`)
+    outside the sandbox: each check earns its points when exactly one record came back
+    and its answers pass the judge on every hidden case."""
+    stop = next((r for r in cell_records if r.get("stopped")), None)
+    last = max((r["cell"] for r in cell_records if isinstance(r.get("cell"), int)),
+               default=None)
+    why_not_run = (f"not run: the wall-clock limit ({limits.wall_timeout_s:g} s) was "
+                   "reached" if hit_wall else
+                   f"not run: {stop['message']}, which stopped the grading process"
+                   if stop is not None else
+                   "not run: the grading process stopped before this check"
+                   + (f" (the last cell it finished was cell {last + 1}; see the log)"
+                      if last is not None else " (see the log)"))
     for gid, pts in graded.items():
-        r = by_probe.get(gid)
-        if r is None or r.get("outcome") == "skipped":
+        recs = by_check.get(gid, [])
+        if not recs:
             grade.checks.append(CheckResult(gid, pts, 0.0, "not run", why_not_run))
             continue
-        if r.get("outcome") != "passed":
-            grade.checks.append(CheckResult(gid, pts, 0.0, "failed", str(r.get("message", ""))))
-            continue
-        facts, why = parse_facts("\n".join(r.get("facts_lines", [])))
-        if facts is None:
-            # Whatever the kernel printed, a check without exactly one readable record
-            # scores 0 and goes to the instructor's review column.
-            grade.flags.append(Flag(gid, 0, f"facts record: {why}"))
+        if len(recs) > 1:
+            why = f"{len(recs)} answer records for one check (tampered or crashed)"
+            grade.flags.append(Flag(gid, 0, f"answers record: {why}"))
             grade.checks.append(CheckResult(gid, pts, 0.0, "failed", why))
             continue
-        if gid in assembled.judges:
-            outcome = judge_answers(assembled.judges[gid], assembled.cases[gid], facts)
-            if outcome.tampered:
-                grade.flags.append(Flag(gid, 0, f"answers record: {outcome.message}"))
-            grade.checks.append(CheckResult(
-                gid, pts, pts if outcome.passed else 0.0,
-                "passed" if outcome.passed else "failed", outcome.message,
-                hidden=not outcome.passed, student=outcome.student))
+        r = recs[0]
+        if gid not in assembled.judges:   # an older check: its probe's facts, its judge
+            facts, why = parse_facts("\n".join(map(str, r.get("facts_lines", []))))
+            if facts is None:
+                grade.flags.append(Flag(gid, 0, f"facts record: {why}"))
+                grade.checks.append(CheckResult(gid, pts, 0.0, "failed",
+                                                str(r.get("error", "")) or why))
+                continue
+            verdict = run_judge(assembled.checks[gid], facts, name=gid)
+            grade.checks.append(CheckResult(gid, pts, pts if verdict.passed else 0.0,
+                                            "passed" if verdict.passed else "failed",
+                                            verdict.message, verdict.hidden))
             continue
-        verdict = run_judge(assembled.checks[gid], facts, name=gid)
-        grade.checks.append(CheckResult(gid, pts, pts if verdict.passed else 0.0,
-                                        "passed" if verdict.passed else "failed",
-                                        verdict.message, verdict.hidden))
+        if "error" in r:
+            why = f"the check's graded call could not start: {str(r['error'])[:300]}"
+            grade.checks.append(CheckResult(gid, pts, 0.0, "failed", why))
+            continue
+        outcome = judge_answers(assembled.judges[gid], assembled.cases[gid],
+                                {k: r.get(k) for k in ("got", "delegated") if k in r})
+        if outcome.tampered:
+            grade.flags.append(Flag(gid, 0, f"answers record: {outcome.message}"))
+        grade.checks.append(CheckResult(
+            gid, pts, pts if outcome.passed else 0.0,
+            "passed" if outcome.passed else "failed", outcome.message,
+            hidden=not outcome.passed, student=outcome.student))

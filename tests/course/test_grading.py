@@ -265,7 +265,7 @@ def test_missing_and_duplicated_answers(reference):
     ("import _pickle", ["import _pickle"]),
     ("from unittest import mock", ["import unittest"]),
     ("f = getattr(json, '__dict__')", ["getattr __dict__"]),
-    ("get_ipython().events.register('pre_run_cell', f)", ["name get_ipython"]),
+    ("get_ipython().events.register('pre_run_cell', f)", ["IPython events", "name get_ipython"]),
     ("!ls /", ["IPython system", "name get_ipython"]),
     ("%matplotlib inline", ["IPython run_line_magic", "name get_ipython"]),
     ("%%writefile mod.py\nimport json\njson.dumps = str", ["module attribute json.dumps"]),
@@ -410,7 +410,7 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     # named to be graded first (folders are graded in name order): its 5 s cell timeout
     # runs beside the other notebooks instead of after them (the same six notebooks and
     # assertions; the grading phase took 7.5 s here against 8.8 s with it last)
-    _write(subs, "a_hang", student_nb(reference, double="while True:\n    pass"))
+    _write(subs, "a_hang", student_nb(reference, double="def double(v):\n    while True:\n        pass"))
     _write(subs, "e_invalid", "{ this is not json")
     (subs / "f_nothing").mkdir()
     args = argparse.ArgumentParser()
@@ -438,7 +438,8 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     assert "SECRET-JUDGE wrong" in instructor and "answer is 41" in instructor
     assert "| `check_double` | 0 / 1 | failed |" in fb
     hang = (tmp_path / "out" / "instructor" / "a_hang-09.md").read_text()
-    assert "stopped the notebook: Timeout of 5 seconds" in hang
+    assert "check 'check_double' ran past the per-cell limit (5 s), which stopped the " \
+        "grading process" in hang
     answers = (tmp_path / "out" / "instructor" / "answers" / "09.md").read_text()
     assert "It is the answer." in answers
     # --resume grades nobody again

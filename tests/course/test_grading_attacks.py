@@ -79,6 +79,7 @@ while True:
         os.fork()
     except OSError:
         pass
+answer = 42  # binds a name check_answer reads: the grading process runs this cell
 """
 MEMORY_HOG = "hog = [bytearray(2**27) for _ in range(2000)]\nanswer = 42"
 # Every facts line the kernel prints becomes one nested 3,000 deep (RecursionError in
@@ -94,7 +95,7 @@ json.dumps = lambda *a, **k: '{"got": [{"value": 42}], "delegated": []}'
 """
 WRITEFILE_IMPORT = "import evil_student\ndef double(v):\n    return 0"
 HONEST_OS = "import os\nanswer = 42 if os.cpu_count() else 0"
-LOOP = "while True:\n    pass"
+LOOP = "def double(v):\n    while True:\n        pass"  # the graded call hangs
 
 
 def _student(ref_path: Path, answer: str, double="def double(v):\n    return 2 * v"):
@@ -214,28 +215,31 @@ def test_forged_outcome_records(batch):
 
 @pytest.mark.slow
 def test_input_transformer(batch):
+    # the grading process has no shell: the hook cannot be installed, the probes it would
+    # rewrite never run in a kernel; the unanswered exercises earn nothing, check_base
+    # (a given cell's value) its point
     row = batch["rows"]["input_transformer"]
-    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
+    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 1}
     assert _flagged(row, "name get_ipython")
     assert _points(row, "10") == _points(row, "09")
 
 
 @pytest.mark.slow
 def test_print_and_stdout_override(batch):
+    # no check reads what the cell binds: the grading process does not run it
     row = batch["rows"]["print_override"]
-    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
+    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 1}
     assert _flagged(row, "import builtins", "module attribute builtins.print")
     assert _points(row, "10") == _points(row, "09")
 
 
 @pytest.mark.slow
 def test_monkeypatched_perflab_and_check_helper(batch):
-    # json.dumps forged: the graded checks' answers records are malformed (0 points, a
-    # review note); check_base, which asks for nothing of the student, is not attacked
+    # json.dumps forged in a cell no check reads: the grading process does not run it;
+    # the unanswered exercises earn nothing, check_base its point, the scan flags it
     row = batch["rows"]["patched_helper"]
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 1}
-    assert _flagged(row, "module attribute json.dumps", "module attribute perflab.env_summary",
-                    "answers record")
+    assert _flagged(row, "module attribute json.dumps", "module attribute perflab.env_summary")
 
 
 @pytest.mark.slow
@@ -263,15 +267,17 @@ def test_detached_child_holding_a_pipe(batch):
 def test_fork_bomb(batch):
     if not _nproc_holds():
         pytest.skip(f"RLIMIT_NPROC cannot hold here: {_root_mode()[1]}")
-    row = batch["rows"]["fork_bomb"]
+    row = batch["rows"]["fork_bomb"]   # RLIMIT_NPROC holds; the cell runs past its limit
     assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
     assert _flagged(row, "attribute os.fork")
 
 
 @pytest.mark.slow
 def test_deep_json_facts_lines(batch):
+    # print replaced: only the older check's facts line (check_base) goes through print;
+    # the graded checks' records travel on the grading process's descriptor
     row = batch["rows"]["deep_json"]
-    assert _points(row, "09") == {"check_answer": 0, "check_double": 0, "check_base": 0}
+    assert _points(row, "09") == {"check_answer": 2, "check_double": 1, "check_base": 0}
     assert _flagged(row, "tampered or crashed") and "lab 09" not in row["error"]
 
 
@@ -307,7 +313,7 @@ def test_memory_hog(batch):
     if "NameError" in log:
         assert points == {"check_answer": 0, "check_double": 1, "check_base": 1}
     else:
-        assert "Timeout of 10 seconds" in log, log[-2000:]
+        assert "ran past the per-cell limit (10 s)" in log, log[-2000:]
         assert points == {"check_answer": 0, "check_double": 0, "check_base": 0}
 
 
@@ -315,8 +321,8 @@ def test_memory_hog(batch):
 def test_infinite_loop(batch):
     row = batch["rows"]["infinite_loop"]
     assert _points(row, "09") == {"check_answer": 2, "check_double": 0, "check_base": 0}
-    assert "Timeout of 10 seconds" in (batch["out"] / "instructor"
-                                       / "infinite_loop-09.md").read_text()
+    assert "check 'check_double' ran past the per-cell limit (10 s)" in (
+        batch["out"] / "instructor" / "infinite_loop-09.md").read_text()
 
 
 @pytest.mark.slow

@@ -169,3 +169,108 @@ def test_no_honest_variant_in_the_tests_is_flagged():
     flagged = [f"{name}: {flag} | {flag.text}" for name, src in variants
                for flag in scan_answer("honest", src, COURSE_ALLOW)]
     assert flagged == []
+
+
+# The notebook's shell (issue 43, item 2): a held-out attack round reached IPython's shell
+# from an answer without a flagged name (``exit._ip``, ``get_ipython()`` in a
+# ``%%writefile`` body that the magic's allowance covered) and rewrote later cells with an
+# input transformer or a ``pre_run_cell`` callback. Each attack beside an honest neighbour.
+SHELL_ALLOW = ("name get_ipython", "IPython run_cell_magic")  # the %%writefile cells' metadata
+
+
+@pytest.mark.parametrize("src, keys", [
+    ("ip = exit._ip", {"name exit", "attribute _ip"}),
+    ("quit._ip.input_transformers_post.append(rewrite)",
+     {"name quit", "attribute _ip", "IPython input_transformers_post"}),
+    ("holders = [exit, quit]", {"name exit", "name quit"}),
+    ("shell = getattr(quit, '_ip')", {"name quit", "getattr _ip"}),
+    ("shell = _ip", {"name _ip"}),
+    ("%%writefile mymod.py\ndef hook():\n    return get_ipython()", {"name get_ipython"}),
+    ("get_ipython().input_transformers_cleanup.insert(0, rewrite)",
+     {"name get_ipython", "IPython input_transformers_cleanup"}),
+    ("manager = shell.input_transformer_manager", {"IPython input_transformer_manager"}),
+    ("shell.ast_transformers.append(node_rewriter)", {"IPython ast_transformers"}),
+    ("shell.events.register('pre_run_cell', rewrite)", {"IPython events"}),
+    ("events.register(rewrite)", {"IPython events"}),
+    ("ev = shell.events\nev.register('post_run_cell', rewrite)", {"IPython events"}),
+    ("shell.events.unregister('pre_execute', rewrite)", {"IPython events"}),
+    ("shell.register_magic_function(fake, 'cell', 'writefile')",
+     {"IPython register_magic_function"}),
+    ("shell.set_custom_exc((Exception,), swallow)", {"IPython set_custom_exc"}),
+    ("shell.user_ns['check_answer'] = lambda *a: None", {"IPython user_ns"}),
+    ("f = getattr(shell, 'input_transformers_post')", {"getattr input_transformers_post"}),
+    ("import sys\nsys.modules['json'] = fake", {"attribute sys.modules"}),
+    ("import sys\nsys.modules.pop('perflab.timing')", {"attribute sys.modules"}),
+    ("import sys\ndel sys.modules['perflab']", {"attribute sys.modules"}),
+    ("import sys\nsys.modules.update(json=fake)", {"attribute sys.modules"}),
+    ("import sys\nsys.modules.setdefault('json', fake)", {"attribute sys.modules"}),
+    ("import sys as s\ns.modules['json'] = fake", {"attribute sys.modules"}),
+    ("from sys import modules\nmodules['json'] = fake", {"attribute sys.modules"}),
+    ("from sys import modules as m", {"attribute sys.modules"}),
+    ("from sys import *", {"attribute sys.*"}),
+    ("mods = getattr(sys, 'modules')", {"getattr modules"}),
+    ("from os import system", {"attribute os.system"}),
+    # a cell magic is found where IPython finds it, so is its body
+    ("\n\n%%writefile mymod.py\nip = get_ipython()", {"name get_ipython"}),
+    ("  %%writefile mymod.py\n  ip = get_ipython()", {"name get_ipython"}),
+    ("%%capture\nget_ipython().events.register('pre_run_cell', f)",
+     {"name get_ipython", "IPython events"}),
+    ("%%time\nip = get_ipython()\n%run evil.py", {"name get_ipython", "IPython run_line_magic"}),
+    ("%%timeit -n 3 import os; os.system('ls')\nf()", {"attribute os.system", "IPython system"}),
+    ("%%writefile torch.py\nx = 1", {"writefile target torch.py"}),
+    ("%%writefile sitecustomize.py\nx = 1", {"writefile target sitecustomize.py"}),
+    ("%%writefile -a conftest.py\nx = 1", {"writefile target conftest.py"}),
+    ("%%writefile ../../grader.py\nx = 1", {"writefile target ../../grader.py"}),
+    ("%%writefile {target}\nnot python (", {"writefile target {target}"}),
+])
+def test_reaching_the_notebooks_shell_is_a_finding(src, keys):
+    assert _keys(src) == keys
+    assert _keys(src, SHELL_ALLOW + COURSE_ALLOW) == keys  # never covered by an allowance
+
+
+@pytest.mark.parametrize("src", [
+    "exit()", "quit()", "import sys\nsys.exit(1)", "ip = '10.0.0.1'\nhosts = [ip]",
+    "dev = rt.events[rt.events.stream >= 0]\nrows = prof.events()",
+    "registry.register('resnet18', build)\nmodel.register_buffer('mask', m)",
+    "transformer = model.transformer\nns = dict(user='a')",
+    "for m in model.modules():\n    m.eval()\nn = len(list(model.named_modules()))",
+    "import os\nthreads = os.cpu_count()", "import sys\nsize = sys.getsizeof(x)",
+    "from sys import getsizeof, version_info", "from os import cpu_count, path",
+    "w = getattr(model, 'weight')",
+    "%time loss = step()", "%%time\nloss = step()", "%%timeit -n 3 -r 2\nstep()",
+    "%%timeit x = make_batch()\nstep(x)", "%%capture out\nstep()",
+    "%%writefile mymod.py\nimport os\nimport sys\n\n\ndef sizes(x):\n"
+    "    return sys.getsizeof(x), os.cpu_count()\n",
+    "\n%%writefile -a mymod.py\ndef f():\n    return 1",
+])
+def test_honest_neighbours_of_the_shell_findings_are_not_findings(src):
+    assert _keys(src) == set()
+
+
+def test_an_allowance_of_the_shell_covers_a_line_magics_own_line_only():
+    allow = ("name get_ipython", "IPython run_line_magic", "IPython run_cell_magic")
+    assert _keys("%matplotlib inline\nx = 1", allow) == set()
+    assert [(f.line, f.key) for f in scan_answer(
+        "ex", "\n%matplotlib inline\nip = get_ipython()", allow)] == [(3, "name get_ipython")]
+    # IPython hands another cell magic its body on the magic's line: not covered
+    assert _keys("%%bash\nrm -rf ~", allow) == {"name get_ipython", "IPython run_cell_magic"}
+    # a line that looks like a transformed magic but is the student's Python: not covered
+    assert _keys("get_ipython().run_line_magic('matplotlib', 'inline')", allow) == {
+        "name get_ipython", "IPython run_line_magic"}
+    assert _keys('x = """\n%"""; get_ipython()', allow) == {"name get_ipython"}
+
+
+def test_a_writefile_answer_of_the_references_keeps_no_allowance_for_its_body():
+    """Lab 06's ``ddp_file`` cell allows ``name get_ipython`` (its metadata): a line added
+    to the module that reaches the shell is still a finding, on its own line."""
+    nb = nbformat.read(str(ROOT / "solutions" / "06_ddp_overlap.ipynb"), as_version=4)
+    answers, _ = answers_of(nb, nb)
+    allow = allowances(nb)["ddp_file"]
+    assert "name get_ipython" in allow
+    assert scan_answer("ddp_file", answers["ddp_file"], allow) == []
+    src = answers["ddp_file"].rstrip("\n") + ("\n_shell = get_ipython()\n"
+                                              "_shell.events.register('pre_run_cell', _hook)\n")
+    n = src.count("\n")
+    assert [(f.line, f.key) for f in scan_answer("ddp_file", src, allow)] == [
+        (n - 1, "name get_ipython"), (n, "IPython events")]
+    assert scan_answer("ddp_file", "\n" + answers["ddp_file"], allow) == []

@@ -208,7 +208,9 @@ def test_every_renamed_copy_of_a_reference_crosses_the_threshold(calibration, co
         else:
             assert m.score >= THRESHOLD, (gid, m.score)
             flagged.append(gid)
-    assert len(flagged) >= 40 and len(short) < len(flagged) / 2, (flagged, short)
+    # measured: 40 flagged; 28 escape: predictions, one-line formulas and cells of fewer
+    # than MIN_TOKENS tokens of their own beside the scaffold (no evidence either way)
+    assert len(flagged) >= 40 and len(short) <= 28, (flagged, short)
     for gid in short:  # what escapes is short: fewer than MIN_TOKENS tokens of its own
         rows = [m for m in matches if m.student == f"copy {gid}" and m.source == gid]
         assert all(m.tokens < MIN_TOKENS for m in rows), gid
@@ -219,7 +221,7 @@ def test_most_copies_with_inserted_statements_cross_the_threshold(calibration):
     scores = [m.score for s in answers if s.startswith("padded")
               if (m := _best(matches, s, "reference", s.split()[1]))]
     assert len(scores) >= 35
-    assert sum(s >= THRESHOLD for s in scores) >= 0.8 * len(scores), sorted(scores)  # 36/40
+    assert sum(s >= THRESHOLD for s in scores) >= 0.8 * len(scores), sorted(scores)  # 33/37
 
 
 def test_composite_honest_file_is_flagged_for_its_copied_functions_only(course):
@@ -240,6 +242,8 @@ def test_composite_honest_file_is_flagged_for_its_copied_functions_only(course):
                                boilerplate=course["boilerplate"])
     units = {m.unit for m in matches if m.source == "straggler_file"}
     assert units and rewritten not in units
+    # the finding and similarity.csv name the reference's function matched, too
+    assert all(m.source_unit == m.unit for m in matches if m.unit), matches
 
 
 # --- the method on small cases ---------------------------------------------------------------
@@ -318,12 +322,12 @@ def test_a_renamed_copy_matches_and_the_scaffold_does_not():
     assert [(m.student, m.kind, m.source) for m in matches] == [("ada", "reference", "my_rate")]
     assert matches[0].score == 1.0
     assert matches[0].finding().startswith("my_rate: 100% of the answer (")
-    assert matches[0].finding().endswith("matches the reference solution my_rate")
+    assert matches[0].finding().endswith("matches the reference solution my_rate (my_rate)")
 
 
 def test_students_who_share_code_name_each_other():
     answers = {"ada": {"my_rate": _COPY, "other": _COPY},
-               "bob": {"my_rate": _COPY.replace("n", "count")},
+               "bob": {"my_rate": re.sub(r"\bn\b", "count", _COPY)},
                "cy": {"my_rate": "def my_rate(b, s):\n    return sum(map(len, b)) / sum(s)\n"}}
     matches = similarity_pairs(answers, {}, {}, boilerplate=[_SCAFFOLD], min_tokens=20)
     pairs = {(m.student, m.grade_id, m.source, m.source_cell) for m in matches}
@@ -355,8 +359,10 @@ def test_documents_of_a_batch():
     assert "### BEGIN SOLUTION" in refs["my_amp_step"]
     given = boilerplate_sources(ROOT / "labs")
     assert all("### BEGIN SOLUTION" not in s for s in given)
-    from_refs = boilerplate_sources(ROOT / "solutions")  # the references, regions cut out
+    from_refs = boilerplate_sources(ROOT / "solutions")  # the references, as built
     assert len(from_refs) == len(given)
+    # the code handed out, stubs included, whichever folder the grader reads it from
+    assert [tokens(s) for s in from_refs] == [tokens(s) for s in given]
     assert not any(m in s for s in from_refs for m in ("### BEGIN", "### END", "### GRADED"))
     assert similarity_pairs({"ada": refs}, refs, {}, boilerplate=from_refs)  # answers stay
     lib = library_sources(ROOT / "perflab")
@@ -370,6 +376,85 @@ def test_csv_cells_are_escaped(tmp_path, name):
     m = Match(name, "my_rate", "student", name, "my_rate", 0.9, 50)
     path = write_similarity_csv([m], tmp_path / "instructor" / "similarity.csv")
     rows = list(csv.reader(path.open(newline="", encoding="utf-8")))
-    assert rows[0] == ["student", "grade_id", "kind", "source", "source_cell", "score", "tokens"]
-    assert rows[1] == ["'" + name, "my_rate", "student", "'" + name, "my_rate", "0.900", "50"]
+    assert rows[0] == ["student", "grade_id", "unit", "kind", "source", "source_cell",
+                       "source_unit", "score", "tokens"]
+    assert rows[1] == ["'" + name, "my_rate", "", "student", "'" + name, "my_rate", "",
+                       "0.900", "50"]
+    m = Match("ada", "f", "reference", "f", "", 0.9, 50, name, name)
+    rows = list(csv.reader(write_similarity_csv([m], tmp_path / "s.csv").open(
+        newline="", encoding="utf-8")))
+    assert rows[1][2] == rows[1][6] == "'" + name  # the function columns are escaped too
     assert csv_cell("ada") == "ada" and csv_cell(0.5) == "0.5"
+
+
+# --- what is no evidence (issue 43, item 5) ----------------------------------------------
+# A student who never saw the reference had answers flagged 100 % similar to it: one-line
+# formulas whose correct form is unique, and files whose given scaffold they kept.
+
+#: Answers whose correct form is unique: formulas, predictions, a one-line rate.
+UNIQUE_FORMS = ("samples_per_s", "utilization", "overlap_efficiency", "accounting_2d",
+                "bubble_formula", "interleaved_formulas", "tp_comm_model", "predict_bubble",
+                "predict_ratio", "predict_straggler")
+
+
+def test_answers_whose_correct_form_is_unique_are_no_evidence(course):
+    """Two students who write the formulas right, in the scaffold's own names, match the
+    reference and each other token for token: no finding. A renamed copy of a reference
+    with code of its own is still one."""
+    refs = course["references"]
+    right = {gid: _MARK.sub("", refs[gid]) for gid in UNIQUE_FORMS}
+    answers = {"ada": dict(right), "bob": dict(right),
+               "cy": {gid: renamed_copy(refs[gid]) for gid in ("largest_batch",
+                                                               "my_stream_idle")}}
+    matches = similarity_pairs(answers, refs, course["library"],
+                               boilerplate=course["boilerplate"])
+    assert {(m.student, m.grade_id, m.source) for m in matches} == {
+        ("cy", "largest_batch", "largest_batch"), ("cy", "my_stream_idle", "my_stream_idle")}
+    assert all(m.score >= THRESHOLD and m.tokens >= MIN_TOKENS for m in matches)
+
+
+_GATHER_STUB = ("def all_gather_times(local_s):\n"
+                "    \"\"\"Every rank's local_s (float seconds), in rank order: a list of "
+                "world_size floats.\"\"\"\n    # YOUR CODE HERE\n    raise NotImplementedError()\n")
+_GATHER_ADA = ("def all_gather_times(local_s):\n"
+               "    \"\"\"Every rank's local_s (float seconds), in rank order: a list of "
+               "world_size floats.\"\"\"\n"
+               "    out = [torch.zeros(1) for _ in range(dist.get_world_size())]\n"
+               "    dist.all_gather(out, torch.tensor([float(local_s)]))\n"
+               "    return [float(x.item()) for x in out]\n")
+_GATHER_BOB = ("def all_gather_times(local_s):\n"
+               "    \"\"\"Every rank's local_s (float seconds), in rank order: a list of "
+               "world_size floats.\"\"\"\n"
+               "    buf = torch.zeros(dist.get_world_size(), dtype=torch.float64)\n"
+               "    buf[dist.get_rank()] = local_s\n    dist.all_reduce(buf)\n"
+               "    return buf.tolist()\n")
+
+
+def test_a_kept_scaffold_and_untouched_stubs_are_no_evidence(course):
+    """Two students each write the first function of Lab 07's ``%%writefile`` module their
+    own way and leave its other stubs as given: no finding between them or against the
+    reference, with the given code read from the references as ``perflab course grade``
+    does (a stub is given code too); the reference's own function still matches."""
+    given = next(c for c in boilerplate_sources(ROOT / "solutions")
+                 if c.startswith("%%writefile straggler_student.py"))
+    assert _GATHER_STUB in given
+    answers = {"ada": {"straggler_file": given.replace(_GATHER_STUB, _GATHER_ADA)},
+               "bob": {"straggler_file": given.replace(_GATHER_STUB, _GATHER_BOB)}}
+    refs = course["references"]
+    boilerplate = boilerplate_sources(ROOT / "solutions")
+    assert similarity_pairs(answers, refs, course["library"], boilerplate=boilerplate) == []
+    assert similarity_pairs({"ada": answers["ada"], "bob": dict(answers["ada"])}, refs, {},
+                            boilerplate=boilerplate)  # the same code, though, is evidence
+
+
+def test_no_mirrored_match_under_the_minimum():
+    """bob's cell does not parse, so his formulas count as his own code: his side of the
+    pair covers more than MIN_TOKENS tokens, ada's (her formulas set aside) fewer. bob's
+    match is reported; ada's mirror, under the minimum, is not."""
+    answers = {"ada": {"my_rate": _COPY}, "bob": {"my_rate": _COPY + "print 'done'\n"}}
+    everything = similarity_pairs(answers, {}, {}, boilerplate=[_SCAFFOLD], min_tokens=1,
+                                  threshold=1e-9)
+    tokens_of = {m.student: m.tokens for m in everything}
+    assert tokens_of["ada"] < 30 <= tokens_of["bob"]
+    matches = similarity_pairs(answers, {}, {}, boilerplate=[_SCAFFOLD], min_tokens=30)
+    assert [(m.student, m.source) for m in matches] == [("bob", "ada")]

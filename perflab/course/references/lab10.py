@@ -3,8 +3,10 @@ gradients, the unsharded transformer block's (with the activation bytes its Laye
 and dropouts keep) and the judges of its tensor- and sequence-parallel splits, the
 unsplit pipeline's loss and gradients, the stage split, the per-stage op order torch's
 schedules run and the activations each keeps in flight (what the judges of
-the hand-written TP and pipeline exercises compare with), and the seal that lets the
-pipeline checks after the first judge the configs the first one drew."""
+the hand-written TP and pipeline exercises compare with), the judges of the student's
+torch tensor parallelism (``parallel_mlp``, ``parallel_block``, the 2-D layout's
+``data_parallel_grads``) on the shared TP launch, and the seal that lets the checks after
+the first of a shared launch judge the cases the first one drew."""
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +21,8 @@ from perflab.labs.lab10.models import mlp_block, pipeline_batch, pipeline_model,
 
 __all__ = ["tp_reference", "pipeline_reference_loss", "pipeline_reference", "stage_blocks",
            "schedule_order", "stash_peak", "seal", "is_sealed", "judge_pipeline",
-           "block_reference", "judge_block", "judge_dtensor_block"]
+           "block_reference", "judge_block", "judge_dtensor_block", "seal_torch_tp",
+           "judge_dtensor_mlp", "judge_two_d", "judge_torch_tp"]
 
 #: This grading process's key for :func:`seal` (never leaves the grader: the sandbox has
 #: no ``perflab.course.references``).
@@ -470,3 +473,153 @@ def judge_dtensor_block(cases: list[dict], records: Any) -> None:
                 assert sorted(map(tuple, seen)) == [("all_gather", n)] * 2 + [("reduce_scatter", n)] * 2, (
                     f"{where}, rank {q}: the {phase} issued {seen}; two all-gathers and two "
                     f"reduce-scatters of {n} bytes and no all-reduce expected (Shard(1) between the blocks)")
+
+
+# -- the student's torch tensor parallelism, in check_tp_hand's launch (issue 43) ---------------
+#: The parts of the shared TP launch that run the student's torch answers
+#: (:func:`perflab.labs.lab10.ranks.hand_tp_on_ranks`' ``torch_tp``).
+_TORCH_MODES = ("dtensor", "dtensor_block", "two_d")
+
+
+def seal_torch_tp(cases: list[dict], two_d: list[dict]) -> dict[str, Any]:
+    """``hand_tp_on_ranks``' ``torch_tp`` for the MLP ``cases`` and the 2-D cases
+    ``two_d`` drawn here: ``{"dtensor_seal": seal({"dtensor": cases}), "two_d": two_d,
+    "two_d_seal": seal({"two_d": two_d})}`` (each seal names its part, so one part's
+    cases cannot stand in for another's)."""
+    return {"dtensor_seal": seal({"dtensor": cases}), "two_d": two_d,
+            "two_d_seal": seal({"two_d": two_d})}
+
+
+def judge_dtensor_mlp(cases: list[dict], records: Any, world: int = 2) -> None:
+    """Judge the student's ``parallel_mlp`` (``ColwiseParallel`` on ``"0"``,
+    ``RowwiseParallel`` on ``"2"``) over the 1-D mesh of ``world`` ranks, from
+    ``[case][rank]`` records: layer 0's weight is a DTensor; every rank's output and
+    ``dL/dx`` are the unsharded block's (:func:`tp_reference`); the local gradients are
+    the unsharded ones' shards (``W1``'s and ``b1``'s rows, ``W2``'s columns, rank by
+    rank; ``b2``'s whole); the forward and the backward each issue one all-reduce of the
+    block's output (``B·S·d·4`` bytes) and nothing else.
+
+    Raises:
+        AssertionError: the first property that does not hold.
+    """
+    assert isinstance(records, list) and len(records) == len(cases), (
+        f"records of {len(cases)} cases expected, got {type(records).__name__}")
+    for case, recs in zip(cases, records):
+        where = (f"parallel_mlp, d={case['d']}, (batch, seq) = ({case['batch']}, "
+                 f"{case['seq']}), seed {case['seed']}, {world} ranks")
+        assert isinstance(recs, list) and len(recs) == world and all(isinstance(r, dict) for r in recs), (
+            f"{where}: records of {world} ranks expected")
+        ref = tp_reference(case)
+        n = 4 * case["batch"] * case["seq"] * case["d"]
+        for q, rec in enumerate(recs):
+            assert not rec.get("error"), f"{where}, rank {q}: {rec.get('error')}"
+            assert rec.get("weight_type") == "DTensor", (
+                f"{where}, rank {q}: layer 0's weight is a {rec.get('weight_type')}, not a "
+                "DTensor: did parallelize_module run with ColwiseParallel on '0'?")
+            for key, what in (("out", "the output"), ("x_grad", "dL/dx")):
+                assert _same(rec.get(key), ref[key]), (
+                    f"{where}, rank {q}: {what} differs from the unsharded block's")
+            assert _same(rec.get("fc2_bias_grad"), ref["fc2_bias_grad"]), (
+                f"{where}, rank {q}: b2's gradient differs from the unsharded block's")
+            for phase in ("forward", "backward"):
+                calls, sent = rec.get(f"{phase}_calls"), rec.get(f"{phase}_bytes")
+                assert calls == {"all_reduce": 1} and isinstance(sent, dict) and sent.get(
+                    "all_reduce") == n, (
+                    f"{where}, rank {q}: the {phase} issued {calls} ({sent} bytes); "
+                    f"Colwise then Rowwise is one all-reduce of {n} bytes each way")
+        for key, dim in (("fc1_weight_grad", 0), ("fc1_bias_grad", 0), ("fc2_weight_grad", 1)):
+            parts = [_tensor(rec.get(key)) for rec in recs]
+            ok = all(t is not None and t.dim() == ref[key].dim() for t in parts)
+            assert ok and _same(torch.cat(parts, dim=dim), ref[key]), (
+                f"{where}: {key[:3]}'s {'weight' if 'weight' in key else 'bias'} gradient, "
+                f"rank 0's {'rows' if dim == 0 else 'columns'} then rank 1's, differs from "
+                "the unsharded block's")
+
+
+def judge_two_d(cases: list[dict], records: Any, world: int = 2) -> None:
+    """Judge the student's 2-D layout (``parallel_mlp`` over the mesh's ``"tp"``
+    dimension, each dp replica on its own batch, then ``data_parallel_grads`` over its
+    ``"dp"`` group) on the 2-D cases drawn here, each ``{"d", "batch", "seq", "seed",
+    "mesh": [dp, tp]}``, from ``[case][rank]`` records: rank q sits at ``(q // tp,
+    q % tp)``; its local gradients of ``W1``, ``b1`` (its tp shard's rows), ``W2`` (its
+    columns) and ``b2`` are the average over the dp replicas (replica r's input seeded
+    ``seed + r``) of the unsharded block's; with dp > 1 the student's all-reduces over
+    the dp group move ``4·((8d² + 4d)/tp + d)`` bytes (every local gradient once), with
+    tp > 1 the tp group's move ``2·B·S·d·4`` (f and g).
+
+    Raises:
+        AssertionError: the first property that does not hold.
+    """
+    assert isinstance(records, list) and len(records) == len(cases), (
+        f"records of {len(cases)} 2-D cases expected, got {type(records).__name__}")
+    for case, recs in zip(cases, records):
+        dp, tp = (int(v) for v in case["mesh"])
+        d = case["d"]
+        where = (f"2-D layout (dp, tp) = ({dp}, {tp}), d={d}, (batch, seq) = "
+                 f"({case['batch']}, {case['seq']}), seed {case['seed']}")
+        assert isinstance(recs, list) and len(recs) == world and all(isinstance(r, dict) for r in recs), (
+            f"{where}: records of {world} ranks expected")
+        refs = [tp_reference({**case, "input_seed": case["seed"] + r}) for r in range(dp)]
+        mean = {key: sum(ref[key] for ref in refs) / dp for key in (
+            "fc1_weight_grad", "fc1_bias_grad", "fc2_weight_grad", "fc2_bias_grad")}
+        h = 4 * d // tp
+        for q, rec in enumerate(recs):
+            assert not rec.get("error"), f"{where}, rank {q}: {rec.get('error')}"
+            t = q % tp
+            assert [rec.get("dp_index"), rec.get("tp_index")] == [q // tp, t], (
+                f"{where}, rank {q}: at mesh coordinate ({rec.get('dp_index')}, "
+                f"{rec.get('tp_index')}), ({q // tp}, {t}) expected")
+            for key, shard in (("fc1_weight_grad", mean["fc1_weight_grad"][t * h:(t + 1) * h]),
+                               ("fc1_bias_grad", mean["fc1_bias_grad"][t * h:(t + 1) * h]),
+                               ("fc2_weight_grad", mean["fc2_weight_grad"][:, t * h:(t + 1) * h]),
+                               ("fc2_bias_grad", mean["fc2_bias_grad"])):
+                assert _same(rec.get(key), shard), (
+                    f"{where}, rank {q}: {key} is not the average over the {dp} dp "
+                    "replica(s) of its shard of the unsharded gradient"
+                    + (" (all-reduced over the dp group, then divided by its size?)" if dp > 1
+                       else " (with one replica, averaging changes nothing: is the all-reduce "
+                            "over the dp group only?)"))
+            sent = {kind: (rec.get(kind) or {}).get("all_reduce", 0) for kind in ("dp_bytes", "tp_bytes")}
+            if dp > 1:
+                want = 4 * ((8 * d * d + 4 * d) // tp + d)
+                assert sent["dp_bytes"] == want, (
+                    f"{where}, rank {q}: the all-reduces over the dp group moved {sent['dp_bytes']} "
+                    f"bytes; every local gradient once is {want}")
+            if tp > 1:
+                want = 2 * 4 * case["batch"] * case["seq"] * d
+                assert sent["tp_bytes"] == want, (
+                    f"{where}, rank {q}: the tp group's all-reduces moved {sent['tp_bytes']} bytes; "
+                    f"f and g move {want}")
+
+
+def judge_torch_tp(mode: str, got: Any, world: int = 2) -> None:
+    """Judge one part of the shared TP launch's torch answers
+    (:func:`perflab.labs.lab10.ranks.block_check_records` in ``mode``): the cases carry
+    the seal drawn here (:func:`seal_torch_tp`; ``"dtensor_block"``: the blocks' own
+    :func:`seal`), then :func:`judge_dtensor_mlp`, :func:`judge_two_d` or
+    :func:`judge_dtensor_block` on ``world`` ranks' records.
+
+    Raises:
+        ValueError: an unknown mode.
+        AssertionError: the seal does not hold (the cases are not the ones drawn here), or
+            the judge's first property that does not hold.
+    """
+    if mode not in _TORCH_MODES:
+        raise ValueError(f"mode must be one of {_TORCH_MODES}, got {mode!r}")
+    assert isinstance(got, dict) and isinstance(got.get("cases"), list), (
+        f"the {mode} records could not be read (tampered?)")
+    cases = got["cases"]
+    sealed = cases if mode == "dtensor_block" else {mode: cases}
+    assert cases and is_sealed(sealed, got.get("seal")), (
+        f"the {mode} cases are not the ones the grader drew for the check of Exercise 1 "
+        "(tampered?)")
+    records = got.get("records")
+    if mode == "dtensor":
+        judge_dtensor_mlp(cases, records, world)
+    elif mode == "two_d":
+        judge_two_d(cases, records, world)
+    else:
+        assert isinstance(records, list) and all(
+            isinstance(r, list) and len(r) == world for r in records), (
+            f"records of {world} ranks for every block case expected")
+        judge_dtensor_block(cases, records)
