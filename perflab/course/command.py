@@ -85,9 +85,11 @@ def add_grade_arguments(parser) -> None:
                    help="grade only slice K (0 to N-1) of N slices of the students (sorted "
                         "by id, every N-th); needs --seed; join the slices with `perflab "
                         "course merge`")
-    p.add_argument("--no-notebook-run", dest="notebook_run", action="store_false",
-                   help="skip the notebook's run under nbval (the instructor's log of what "
-                        "the cells print); points come from the grading process either way")
+    p.add_argument("--notebook-run", choices=["always", "on-failure", "never"],
+                   default="on-failure",
+                   help="when each notebook also runs under nbval for the instructor's log of "
+                        "what its cells print: always, only when the grading process left "
+                        "points unearned (default), or never; no point comes from it")
     p.add_argument("--sanitize-with", default=None, type=Path, help=argparse.SUPPRESS)
 
 
@@ -201,7 +203,7 @@ def grade_command(args) -> int:
     grades = grade_submissions(subs, args.reference, limits=limits, labs=labs, seed=seed,
                                progress=print, jobs=args.jobs, sandbox=args.sandbox,
                                skip=table.students(), on_student=student_done, shard=shard,
-                               notebook_run=getattr(args, "notebook_run", True),
+                               notebook_run=getattr(args, "notebook_run", "on-failure"),
                                hide=(out.resolve().parent, out.resolve(),
                                      feedback.resolve(), instructor.resolve()))
     _review_similarity(grades, refs, Path(args.reference), instructor, table)

@@ -47,8 +47,8 @@ from perflab.course.answers import Flag, assemble, autograded
 from perflab.course.sandbox import SandboxUnavailable, memory_cap_mechanism, sandbox_status
 # Limits, LabGrade, lab_key and autograded stay importable from here (the grade command
 # and the report import them with grade_submissions).
-from perflab.course.submission import (_SOLUTIONS, LabGrade, Limits, error_grade, grade_notebook,
-                                       hideable, lab_key)
+from perflab.course.submission import (_SOLUTIONS, LabGrade, Limits, NotebookRun, error_grade,
+                                       grade_notebook, hideable, lab_key, notebook_run_mode)
 from perflab.course.warm import build_inductor_headers, uses_compile
 
 __all__ = ["grade_submissions", "reference_notebooks", "StudentFolder", "student_folders",
@@ -346,7 +346,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                       hide: tuple[Path, ...] = (),
                       seed: int | None = None,
                       shard: tuple[int, int] | None = None,
-                      notebook_run: bool = True) -> list[LabGrade]:
+                      notebook_run: NotebookRun | bool = "on-failure") -> list[LabGrade]:
     """Grade ``SUBMISSIONS/<student>/NN_*.ipynb`` against ``REFERENCE/NN_*.ipynb``.
 
     Args:
@@ -368,8 +368,8 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
             can draw the same cases.
         shard: ``(K, N)``: grade only the K-th of N slices of the students
             (:func:`shard_slice`); None: all of them.
-        notebook_run: also run each notebook under nbval for the instructor's log
-            (:func:`grade_notebook`'s ``run_notebook``); no point comes from it.
+        notebook_run: when each notebook also runs under nbval for the instructor's log
+            (:func:`grade_notebook`'s ``notebook_run``); no point comes from it.
 
     Returns:
         One LabGrade per student and lab, students in id order; a lab a student did
@@ -389,6 +389,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
             run before any student whenever a sandbox is used) found an answer readable
             inside; nobody was graded.
     """
+    notebook_run = notebook_run_mode(notebook_run)   # a bad value fails before any work
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     if shard is not None:
@@ -500,7 +501,7 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                                   reference=ref_nbs[lab], seed=seed,
                                   inside=subs,
                                   inductor_headers=headers if lab in compiling else None,
-                                  run_notebook=notebook_run)
+                                  notebook_run=notebook_run)
         finally:
             with lock:
                 free_slots.append(slot)

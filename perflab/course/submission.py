@@ -144,9 +144,12 @@ class LabGrade:
     warning: str = ""
     written: list[dict] = dataclasses.field(default_factory=list)
     """The student's written answers (see :func:`perflab.course.written.written_answers`)."""
+    process_s: float = 0.0
+    """Wall seconds of the grading process (where the points come from); ``wall_s`` adds
+    the notebook's run under nbval when there was one."""
     cell_seconds: list[tuple[int, str, float]] = dataclasses.field(default_factory=list)
-    """(cell number, first line, seconds) of each cell the sandbox ran, as its pytest
-    plugin timed it: where a lab's grading time goes (``benchmarks/grading.py``)."""
+    """(cell number, first line, seconds) of each cell the grading process ran: where a
+    lab's grading time goes (``benchmarks/grading.py``)."""
 
     @property
     def points(self) -> float:
@@ -351,6 +354,24 @@ def read_submitted_notebook(path: str | Path, max_bytes: int = MAX_NOTEBOOK_BYTE
     return nbformat.reads(text, as_version=4)
 
 
+#: When the notebook also runs under nbval (for the log): see :func:`grade_notebook`.
+NotebookRun = Literal["always", "on-failure", "never"]
+
+
+def notebook_run_mode(value: NotebookRun | bool) -> NotebookRun:
+    """``value`` as one of :data:`NotebookRun` (``True``: ``"always"``, ``False``:
+    ``"never"``).
+
+    Raises:
+        ValueError: anything else, naming the choices.
+    """
+    if value is True or value is False:
+        return "always" if value else "never"
+    if value not in ("always", "on-failure", "never"):
+        raise ValueError(f"notebook_run must be 'always', 'on-failure' or 'never', got {value!r}")
+    return value
+
+
 def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str = "",
                    limits: Limits = Limits(), sanitize: str | Path | None = None,
                    sandbox: Literal["auto", "bwrap", "none"] = "auto",
@@ -359,7 +380,7 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                    reference: nbformat.NotebookNode | None = None,
                    seed: str | int = 0, inside: str | Path | None = None,
                    inductor_headers: Path | None = None,
-                   run_notebook: bool = True) -> LabGrade:
+                   notebook_run: NotebookRun | bool = "on-failure") -> LabGrade:
     """Grade one submitted notebook against its reference notebook.
 
     Args:
@@ -384,9 +405,12 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         inductor_headers: Inductor's precompiled headers, built by the grader
             (:func:`perflab.course.warm.build_inductor_headers`), lent read-only to the
             sandbox; None: the notebook compiles them itself if it needs them.
-        run_notebook: also run the notebook (its check cells left out) under nbval in a
+        notebook_run: also run the notebook (its check cells left out) under nbval in a
             kernel, for the instructor's log of what the student's cells print; no point
             comes from it (:mod:`perflab.course.grading_process` earns them all).
+            ``"on-failure"`` (default): only when the grading process left points
+            unearned (the log then shows where); ``"always"``; ``"never"``. ``True`` and
+            ``False`` mean ``"always"`` and ``"never"``.
 
     Returns:
         A :class:`LabGrade`. Never raises for anything the submission does: an
@@ -397,6 +421,7 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         RuntimeError: ``sandbox="bwrap"`` and bubblewrap does not work here.
     """
     del sanitize
+    notebook_run = notebook_run_mode(notebook_run)
     path, reference_path = Path(path), Path(reference_path)
     if reference is None:
         reference = nbformat.read(str(reference_path), as_version=4)
@@ -462,9 +487,18 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
                               for r in cell_records if isinstance(r.get("cell"), int)
                               and isinstance(r.get("seconds"), (int, float))]
         log = "== the grading process (points) ==\n" + _tail(tmp / "grading-log.txt")
+        grade.wall_s = grade.process_s = run.wall_s
+        grade.sandboxed, grade.warning = run.sandboxed, run.warning
+        if run.stopped:
+            grade.error = f"stopped: {run.stopped}"
+        if bad:
+            grade.notes.append(f"{bad} line(s) of the grading process's records were not "
+                               "JSON records (ignored)")
+        _score(grade, assembled, graded, by_check, cell_records, run.timed_out, limits)
         # 2. The notebook under nbval in a kernel, its checks left out: the log of what
         # the student's cells print and where one stops. No point comes from it.
-        if run_notebook:
+        if notebook_run == "always" or (notebook_run == "on-failure" and (
+                grade.points < grade.max_points or grade.error)):
             scratch = tmp / "scratch"
             (scratch / "home").mkdir(parents=True)
             nb_path = scratch / reference_path.name
@@ -485,15 +519,11 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
             grade.wall_s += kernel_run.wall_s
             if kernel_run.stopped:
                 grade.notes.append(f"the notebook under nbval was stopped: {kernel_run.stopped}")
+        else:
+            log += ("\n== the notebook under nbval: not run (" + (
+                "--notebook-run never" if notebook_run == "never" else
+                "full marks; --notebook-run always runs it") + ") ==\n")
         grade.log = log
-    grade.wall_s += run.wall_s
-    grade.sandboxed, grade.warning = run.sandboxed, run.warning
-    if run.stopped:
-        grade.error = f"stopped: {run.stopped}"
-    if bad:
-        grade.notes.append(f"{bad} line(s) of the grading process's records were not "
-                           "JSON records (ignored)")
-    _score(grade, assembled, graded, by_check, cell_records, run.timed_out, limits)
     return grade
 
 

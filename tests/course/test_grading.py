@@ -440,6 +440,13 @@ def test_grade_batch_rows_feedback_and_summary(reference, tmp_path, capsys):
     hang = (tmp_path / "out" / "instructor" / "a_hang-09.md").read_text()
     assert "check 'check_double' ran past the per-cell limit (5 s), which stopped the " \
         "grading process" in hang
+    # the log: the grading process (the points), then, where points were lost, the
+    # notebook's run under nbval (no points); full marks skip it (--notebook-run)
+    log = (tmp_path / "out" / "instructor" / "b_wrong-09.log").read_text()
+    assert log.index("== the grading process (points) ==") < log.index(
+        "== the notebook under nbval (no points) ==") and "passed" in log
+    assert "not run (full marks" in (tmp_path / "out" / "instructor"
+                                     / "a_correct-09.log").read_text()
     answers = (tmp_path / "out" / "instructor" / "answers" / "09.md").read_text()
     assert "It is the answer." in answers
     # --resume grades nobody again
@@ -456,6 +463,15 @@ def test_grade_reference_five_times_gives_full_marks(reference, tmp_path):
                                               as_version=4))
     grades = grade_submissions(subs, reference, limits=FAST, jobs=2)
     assert [g.points for g in grades] == [4] * 5, [g.checks for g in grades]
+
+
+def test_notebook_run_choices(reference, tmp_path):
+    from perflab.course.submission import notebook_run_mode
+
+    assert [notebook_run_mode(v) for v in (True, False, "on-failure")] == [
+        "always", "never", "on-failure"]
+    with pytest.raises(ValueError, match="'always', 'on-failure' or 'never', got 'sometimes'"):
+        grade_submissions(tmp_path, reference, notebook_run="sometimes")
 
 
 def test_grade_errors_name_the_fix(reference, tmp_path):

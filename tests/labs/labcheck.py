@@ -109,8 +109,11 @@ def grade_wrong(lab_path: Path, tmp_path: Path, gid: str, old: str, new: str,
     # jobs=2 for one submission: its sandbox gets cores / 2 threads (one here), as the
     # test run's own workers have; jobs=1 gave it both cores, oversubscribed by the other
     # pytest worker (Lab 08's grading: 190 s in CI against 98 s for two at jobs=2)
+    # notebook_run="never": every point comes from the grading process; the notebook's own
+    # run under nbval (the instructor's log) would double the test's time for no verdict
     (grade,) = grade_submissions(
-        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=wall_timeout_s), jobs=2)
+        subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=wall_timeout_s), jobs=2,
+        notebook_run="never")
     return grade, {c.grade_id: c for c in grade.checks}
 
 
