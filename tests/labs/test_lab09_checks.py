@@ -2,8 +2,11 @@
 here as grading runs it (the student's code in the "kernel", the judge apart, answers as
 JSON). The reference solution passes at several seeds, an honest variant written
 differently passes, and wrong *student code* fails on a hidden case: a state counter
-that counts elements, assumes 4 bytes or a DTensor's global size; a ZeRO-1 that does not
-broadcast or does not shard (also run on 2 gloo ranks); a ZeRO-2 that all-reduces the
+that counts elements, assumes 4 bytes or a DTensor's global size (on hidden DTensor
+shards built in this process: no launch), also when the notebook's launch records were
+planted to agree with it; a ZeRO-1 that does not broadcast, does not shard or shards
+unevenly (run on 2 gloo ranks, with the hidden launch), also when records made up from
+the unsharded model are planted as the notebook's launch; a ZeRO-2 that all-reduces the
 gradients, steps the whole model or forgets to divide by the world size (run on 2 gloo
 ranks, with the hidden launch); an FSDP2 configuration that shards only the root,
 ignores reshard_after_forward, forgets or swaps the mixed-precision dtypes; FSDP2
@@ -39,7 +42,8 @@ GRADED_TESTED = ("check_state_bytes", "check_zero1", "check_zero2", "check_fsdp2
                  "check_my_fsdp")   # its wrong and honest answers: test_lab09_fsdp.py
 SEEDS = [0, 1, "grade:ada"]
 
-_REF = unsharded_adamw([32] * 9, 2, 8, 6, lr=1e-2, weight_decay=0.01)
+_REF, _REF_M, _ = unsharded_adamw([32] * 9, 2, 8, 6, lr=1e-2, weight_decay=0.01, with_state=True)
+_NUMELS = [p.numel() for p in mlp([32] * 9).parameters()]   # W, b, W, b, ...: 1024, 32, ...
 _FULL = 2 * 4 * 8448 + 4 * 16          # fp32 AdamW state of 8 x Linear(32, 32)
 
 
@@ -96,18 +100,41 @@ def _module(tmp_path, monkeypatch, counter: str = _GOOD_COUNTER, zero1: str = _G
     return importlib.import_module(name)
 
 
-def _small2(held=(_FULL // 2 - 16, _FULL // 2 + 16), params=(_REF, _REF), counted=None,
-            delegated=([], [])):
-    """What the launch's sharding task returns, per rank (the fields the checks read):
-    DDP and FSDP2's state as measured on 2 ranks, ZeRO-1's ``held`` bytes, ``params`` and
-    ``delegated`` (what the rank saw run of torch's sharding); ``counted`` (method ->
-    per-rank) overrides the student's own counts."""
+def _balanced(numels, ws=2) -> list[set[int]]:
+    """Per rank, the tensors it owns: largest first, each to the least-loaded rank."""
+    load, owners = [0] * ws, [set() for _ in range(ws)]
+    for i in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        r = load.index(min(load))
+        owners[r].add(i)
+        load[r] += numels[i]
+    return owners
+
+
+def _exp_avg_of(owned) -> list[float]:
+    """The reference AdamW's exp_avg of the tensors ``owned``, in parameter order."""
+    out, at = [], 0
+    for i, n in enumerate(_NUMELS):
+        out += _REF_M[at:at + n] if i in owned else []
+        at += n
+    return out
+
+
+def _small2(owners=None, params=(_REF, _REF), counted=None, delegated=([], [])):
+    """What the launch's sharding task returns, per rank (the fields the checks read), made
+    up from the unsharded reference, as an answer cell could plant them: DDP and FSDP2's
+    state as measured on 2 ranks; ZeRO-1's ``params``, the state of the tensors each rank
+    ``owners`` (per rank, tensor indices; default: balanced, largest first) with their
+    reference ``exp_avg``, and ``delegated`` (what the rank saw run of torch's sharding);
+    ``counted`` (method -> per-rank) overrides the student's own counts."""
+    owners = _balanced(_NUMELS) if owners is None else owners
     out = []
-    for rank in range(len(held)):
-        state = {"ddp": _FULL, "zero1": held[rank], "fsdp2": _FULL // 2 + 32}
+    for rank, mine in enumerate(owners):
+        held = 8 * sum(_NUMELS[i] for i in mine) + 4 * len(mine)
+        state = {"ddp": _FULL, "zero1": held, "fsdp2": _FULL // 2 + 32}
         out.append({m: {"state": {"optimizer_bytes": b},
-                        "student_optimizer_bytes": (counted or {}).get(m, [b] * 2)[rank],
+                        "student_optimizer_bytes": (counted or {}).get(m, [b] * len(owners))[rank],
                         "params": params[rank] if m == "zero1" else list(_REF),
+                        "exp_avg": _exp_avg_of(mine) if m == "zero1" else None,
                         "largest_param_bytes": 4 * 1024,
                         "delegated": list(delegated[rank]) if m == "zero1" else []}
                     for m, b in state.items()})
@@ -125,6 +152,11 @@ WRONG_COUNTERS = {
     "assumes 4 bytes": _GOOD_COUNTER.replace("value.element_size()", "4"),
     "skips the step tensors": _GOOD_COUNTER.replace("if torch.is_tensor(value):",
                                                     "if torch.is_tensor(value) and value.dim():"),
+    # a DTensor's global size: right on plain tensors, FSDP2's state counted as every rank's
+    "global DTensor size": _GOOD_COUNTER.replace("value = value.to_local()", "pass"),
+    # the same, reached through the whole tensor gathered from the ranks
+    "gathers the DTensor": _GOOD_COUNTER.replace("value = value.to_local()",
+                                                 "value = value.full_tensor()"),
     # written for the examples: AdamW (two fp32 buffers and a step) or SGD (one buffer)
     "examples only": '''
 def my_state_bytes(optimizer):
@@ -167,12 +199,61 @@ def test_wrong_state_counter_fails(name, tmp_path, monkeypatch):
     _fails_on_a_hidden_case(NB.judge(_ns(module), "check_state_bytes"))
 
 
-def test_state_counter_wrong_on_the_ranks_fails(tmp_path, monkeypatch):
-    """Right on plain tensors, but on rank 1 it counted FSDP2's global DTensor size."""
-    ns = _ns(_module(tmp_path, monkeypatch), counted={"fsdp2": [_FULL // 2 + 32, _FULL + 64]})
-    _fails_on_a_hidden_case(NB.judge(ns, "check_state_bytes"))
-    ns = _ns(_module(tmp_path, monkeypatch), held=(_FULL,))   # one rank's records only
-    _fails_on_a_hidden_case(NB.judge(ns, "check_state_bytes"))
+@pytest.mark.parametrize("name", ["global DTensor size", "gathers the DTensor"])
+def test_state_counter_with_planted_records_fails(name, tmp_path, monkeypatch):
+    """Right on plain tensors, wrong on FSDP2's DTensor shards; the notebook's launch
+    records planted so that its counts agree with the tensors on every rank (what the old
+    graded part read, and passed): the self-check passes on them, the hidden DTensor
+    shards (built in the grading process, on both ranks) fail it."""
+    ns = _ns(_module(tmp_path, monkeypatch, WRONG_COUNTERS[name]))   # counts = the tensors'
+    NB.run_code(dict(ns), split_check(NB.cells["check_state_bytes"]).probe)
+    verdict = NB.judge(ns, "check_state_bytes")
+    _fails_on_a_hidden_case(verdict)
+    assert "DTensor shards" in verdict.message, verdict.message
+
+
+def test_state_bytes_graded_part_reads_no_launch_record():
+    """Nothing the notebook's launch recorded earns a point: the graded part calls the
+    student's counter on optimizers it builds (plain and DTensor-sharded) only."""
+    graded = split_check(NB.cells["check_state_bytes"]).graded
+    assert "small2" not in graded.answer_source and "launch_fn" not in graded.answer_source
+    cases_fn, _ = graded_functions_of("check_state_bytes")
+    from perflab.course.cases import draw_cases
+
+    for seed in SEEDS:
+        ranks = [c.get("shard_rank") for c in draw_cases(cases_fn, seed)]
+        assert ranks.count(0) == ranks.count(1) == 1 and ranks.count(None) == 4, ranks
+
+
+def test_stepped_optimizer_rejects_bad_input():
+    from perflab.labs.lab09.state import stepped_optimizer
+
+    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
+        with stepped_optimizer("lion", [4, 4], "float32", 0):
+            pass
+    with pytest.raises(ValueError, match="shard_rank must be in 0..1, got 2"):
+        with stepped_optimizer("adamw", [4, 4], "float32", 0, shard_rank=2):
+            pass
+
+
+def test_stepped_optimizer_refuses_a_second_process_group():
+    """The DTensor state lives on a fake process group of its own, destroyed after the
+    block; it never replaces one that exists."""
+    import torch.distributed as dist
+
+    from perflab.labs.lab09.state import stepped_optimizer
+
+    with stepped_optimizer("sgd", [4, 3, 2], "float32", 1, shard_rank=1) as opt:
+        assert dist.get_world_size() == 2 and dist.get_rank() == 1 and len(opt.state) == 4
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="a default process group already exists"):
+            with stepped_optimizer("adamw", [4, 4], "float32", 0, shard_rank=0):
+                pass
+        assert dist.get_world_size() == 1
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("helper", ["state_bytes", "local_nbytes"])
@@ -192,33 +273,59 @@ def my_state_bytes(optimizer):
     assert not verdict.passed and helper in verdict.message, verdict
 
 
-# -- check_zero1 (the launch's records; real wrong optimizers run in the slow test below) ---------
+# -- check_zero1: its live case (this notebook's launch, an extra case) on planted records here; ---
+# -- the hidden launch, which earns the points, with real student code in the slow tests below ---
 _stale = list(_REF)
 _stale[:512] = [v + 1e-3 for v in _stale[:512]]  # rank 1 never received rank 0's params
+_ALL = set(range(len(_NUMELS)))
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_zero1_reference_records_pass(seed):
-    verdict = NB.judge(_ns(), "check_zero1", seed=seed)
-    assert verdict.passed, verdict.message
+def _zero1_live_case(ns: dict) -> None:
+    """check_zero1's live case alone (case None: the notebook's launch records in ``ns``):
+    its student_answer here, its judge on the answers as JSON; raises AssertionError when
+    the judge rejects them."""
+    import json
+
+    scope = dict(ns)
+    NB.run_code(scope, split_check(NB.cells["check_zero1"]).graded.answer_source)
+    _, judge = graded_functions_of("check_zero1")
+    judge(None, json.loads(json.dumps(scope["student_answer"](None))))
 
 
-def test_zero1_other_balanced_split_passes():
-    verdict = NB.judge(_ns(held=(_FULL // 2 - 4000, _FULL // 2 + 4000)), "check_zero1")
-    assert verdict.passed, verdict.message
+def test_zero1_live_case_passes_balanced_records():
+    _zero1_live_case(_ns())
+    _zero1_live_case(_ns(owners=[set(range(8)), set(range(8, 16))]))   # another balanced split
 
 
 @pytest.mark.parametrize("name, kw", [
     ("no broadcast", {"params": (_REF, _stale)}),
-    ("not sharded", {"held": (_FULL, _FULL)}),
-    ("one rank holds it all", {"held": (_FULL, 0)}),
-    ("unbalanced", {"held": (_FULL // 2 - 9000, _FULL // 2 + 9000)}),
+    ("not sharded", {"owners": [_ALL, _ALL]}),
+    ("one rank holds it all", {"owners": [_ALL, set()]}),
+    ("unbalanced", {"owners": [{0, 2, 4, 6, 8, 10}, _ALL - {0, 2, 4, 6, 8, 10}]}),
     ("a parameter missing", {"params": (_REF[:-1], _REF[:-1])}),
     ("no parameters", {"params": (None, None)}),
-    ("one rank", {"held": (_FULL,), "params": (_REF,)}),
+    ("one rank", {"owners": [_ALL], "params": (_REF,)}),
 ])
-def test_zero1_wrong_records_fail(name, kw):
-    _fails_on_a_hidden_case(NB.judge(_ns(**kw), "check_zero1"))
+def test_zero1_live_case_rejects_wrong_records(name, kw):
+    with pytest.raises(AssertionError):
+        _zero1_live_case(_ns(**kw))
+
+
+def test_zero1_graded_part_launches_the_students_zero1():
+    """The points come from a launch the graded call makes itself, of the student's
+    MyZero1 on hidden configs (4 or 5 layers, no tensor over a quarter of the model, so
+    that an uneven split shows); the notebook's records are one extra case."""
+    from perflab.course.cases import draw_cases
+
+    graded = split_check(NB.cells["check_zero1"]).graded
+    assert "launch_fn(tasks_rank, 2" in graded.answer_source
+    cases_fn, _ = graded_functions_of("check_zero1")
+    for seed in SEEDS:
+        none, hidden = draw_cases(cases_fn, seed)
+        assert none is None and len(hidden["configs"]) == 2
+        for cfg in hidden["configs"]:
+            numels = [p.numel() for p in mlp(cfg["sizes"]).parameters()]
+            assert len(cfg["sizes"]) >= 5 and 4 * max(numels) <= sum(numels), cfg
 
 
 _ZRO = "torch.distributed.optim.ZeroRedundancyOptimizer"
@@ -233,26 +340,26 @@ def test_zero1_records_of_torchs_sharding_fail_naming_it(ranks_saw):
     ns = _ns(delegated=ranks_saw)
     with pytest.raises(AssertionError, match=name.rsplit(".", 1)[1]):
         NB.run_code(dict(ns), split_check(NB.cells["check_zero1"]).probe)
-    verdict = NB.judge(ns, "check_zero1")
-    _fails_on_a_hidden_case(verdict)
-    assert name in verdict.message, verdict.message
+    with pytest.raises(AssertionError, match=name.rsplit(".", 1)[1]):
+        _zero1_live_case(ns)
 
 
-def test_zero_checks_forbid_torchs_sharding_in_the_graded_call_and_the_text():
-    """The exercise says which torch APIs it forbids, and the graded calls name the same
-    ones as the ranks watch for (perflab.labs.lab09.ZERO_FORBIDDEN). check_zero2's graded
-    call runs the student's code on ranks only, which watch those names themselves (its
-    judge fails "delegated" records: test_wrong_zero2_fails on the hidden launch alone);
-    a spy in the kernel would only slow the ranks it starts."""
+def test_zero_checks_forbid_torchs_sharding_on_the_ranks_and_in_the_text():
+    """The exercise says which torch APIs it forbids (perflab.labs.lab09.ZERO_FORBIDDEN,
+    what the ranks watch for). check_zero1's and check_zero2's graded calls run the
+    student's code on ranks only, which watch those names themselves (their judges fail
+    "delegated" records: test_wrong_student_code_fails_its_check and test_wrong_zero2_fails
+    on the hidden launch alone); a spy in the grading process would only slow the ranks it
+    starts (it makes them spawn, not fork)."""
     from perflab.labs.lab09 import ZERO_FORBIDDEN
 
-    assert split_check(NB.cells["check_zero1"]).graded.forbid == ZERO_FORBIDDEN
-    graded = split_check(NB.cells["check_zero2"]).graded
-    assert graded.forbid == () and '("sharding", (["zero2"]' in graded.answer_source
+    for gid, method in (("check_zero1", "zero1"), ("check_zero2", "zero2")):
+        graded = split_check(NB.cells[gid]).graded
+        assert graded.forbid == () and f'("sharding", (["{method}"]' in graded.answer_source, gid
     text = next(c.source for c in NB.nb.cells if c.cell_type == "markdown"
                 and "**Exercise 2 — `MyZero1`" in c.source)
-    for name in ("ZeroRedundancyOptimizer", "fully_shard", "FullyShardedDataParallel"):
-        assert f"{name}`" in text.split("**Write ZeRO yourself", 1)[1], name
+    for name in ZERO_FORBIDDEN:
+        assert f"{name.rsplit('.', 1)[1]}`" in text.split("**Write ZeRO yourself", 1)[1], name
 
 
 # -- check_predict_bytes ----------------------------------------------------------------------------
@@ -432,6 +539,35 @@ class MyZero1:
         self._zero.step()
 '''
 _ROUND_ROBIN = _GOOD_ZERO1.replace("self.owner[i] = load.index(min(load))", "self.owner[i] = i % ws")
+# written differently: contiguous shares (a tensor goes to the rank its middle element falls
+# in), one flat broadcast per owner, the state dict's own step
+_HONEST_ZERO1 = '''
+class MyZero1:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01):
+        self.params = list(params)
+        ws, me = dist.get_world_size(), dist.get_rank()
+        total, before, self.owner = sum(p.numel() for p in self.params), 0, []
+        for p in self.params:
+            self.owner.append(min(ws - 1, int((before + p.numel() / 2) * ws // total)))
+            before += p.numel()
+        self.local_optimizer = torch.optim.AdamW(
+            [p for p, o in zip(self.params, self.owner) if o == me], lr=lr, weight_decay=weight_decay)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.local_optimizer.step()
+        with torch.no_grad():
+            for src in range(dist.get_world_size()):
+                group = [p for p, o in zip(self.params, self.owner) if o == src]
+                if group:
+                    flat = torch.cat([p.reshape(-1) for p in group])
+                    dist.broadcast(flat, src=src)
+                    for p, piece in zip(group, flat.split([p.numel() for p in group])):
+                        p.copy_(piece.view_as(p))
+'''
 
 WRONG = {
     # round-robin by tensor index puts every weight on rank 0 and every bias on rank 1
@@ -454,23 +590,78 @@ WRONG = {
 }
 
 
+#: The seeds each ZeRO-1 variant's hidden launch is run at: those its tests judge.
+ZERO1_SEEDS = {"good": [0, "grade:ada"], "honest": [1, "grade:bo"], **{k: [0] for k in WRONG}}
+ZERO1_CODE = {"good": (_GOOD_ZERO1, _GOOD_COUNTER), "honest": (_HONEST_ZERO1, _GOOD_COUNTER),
+              **{k: v[:2] for k, v in WRONG.items()}}
+
+
+def _zero1_ns(launched, variant: str, planted: bool = False) -> dict:
+    """The notebook's names after its launch of ``variant``'s file (DDP and its MyZero1 on
+    the lab's 32 x 9 MLP), the records from the shared launch; ``planted``: records made
+    up from the unsharded reference instead, as an answer cell could assign ``small2``."""
+    student = importlib.import_module(launched.modules[("code", variant)])
+    return {"__name__": "__main__", "small2": _small2() if planted else launched.lab(("code", variant)),
+            "zero1_student": student, "torch": torch, "mlp": mlp, "STEPS": 6, "WORLD_SIZE": 2}
+
+
+@slow
+@pytest.mark.parametrize("variant", ["good", "honest"])
+def test_zero1_reference_and_honest_variant_pass(variant, launched, monkeypatch):
+    ns = _zero1_ns(launched, variant)
+    NB.run_code(dict(ns), split_check(NB.cells["check_zero1"]).probe)   # the self-check too
+    for seed in ZERO1_SEEDS[variant]:
+        verdict = _judge_launched(monkeypatch, launched, ns, "check_zero1", ("code", variant), seed)
+        assert verdict.passed, (seed, verdict.message)
+
+
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_student_code_fails_its_check(name, launched):
-    # the lab's sharding launch of this variant's file: its records from the shared launch
-    # (the checks' graded parts launch nothing: check_state_bytes runs the student's
-    # counter here, check_zero1 reads these records)
+def test_wrong_student_code_fails_its_check(name, launched, monkeypatch):
+    """Each variant's file, as grading runs it: check_state_bytes calls its counter here
+    (no launch), check_zero1 judges the notebook's launch records (this variant's, from the
+    shared launch) and its own hidden launch (answered from the same shared launch)."""
     failing = WRONG[name][2]
-    student = importlib.import_module(launched.modules[("code", name)])
-    ranks = launched.lab(("code", name))
+    ns = _zero1_ns(launched, name)
     for gid in ("check_state_bytes", "check_zero1"):
-        ns = {"small2": ranks, "zero1_student": student, "mlp": mlp, "torch": torch}
-        verdict = NB.judge(ns, gid)
+        verdict = (NB.judge(dict(ns), gid) if gid == "check_state_bytes" else
+                   _judge_launched(monkeypatch, launched, ns, gid, ("code", name), 0))
         assert verdict.passed == (gid not in failing), (name, gid, verdict.message)
         if not verdict.passed:
             assert verdict.message.startswith("hidden case"), verdict.message
             if name == "zero_redundancy_wrapper":
                 assert "ZeroRedundancyOptimizer" in verdict.message, verdict.message
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(k for k, v in WRONG.items() if "check_zero1" in v[2]))
+def test_wrong_zero1_with_planted_records_fails(name, launched, monkeypatch):
+    """A wrong MyZero1 and an answer cell that assigns ``small2`` made up from the
+    unsharded model (right parameters, balanced state, nothing of torch's sharding seen):
+    the self-check and the old graded part (the live case alone) pass on those records;
+    the hidden launch the graded call makes itself fails it, on its case."""
+    ns = _zero1_ns(launched, name, planted=True)
+    NB.run_code(dict(ns), split_check(NB.cells["check_zero1"]).probe)
+    _zero1_live_case(ns)
+    verdict = _judge_launched(monkeypatch, launched, ns, "check_zero1", ("code", name), 0)
+    assert not verdict.passed and verdict.message.startswith("hidden case 2/2"), verdict.message
+
+
+@slow
+def test_dtensor_state_is_fsdp2s_on_the_ranks(launched):
+    """The hidden DTensor cases of check_state_bytes are built in one process on a fake
+    process group (perflab.labs.lab09.state): each rank's state bytes there are those real
+    FSDP2 + AdamW holds on 2 gloo ranks, odd rows (uneven shards) included, and the
+    reference counter counts the same on both."""
+    from perflab.labs.lab09.state import stepped_optimizer
+
+    student = importlib.import_module(launched.modules[("code", "good")])
+    for rank, rec in enumerate(launched.lab(("fsdp2_state",))):
+        with stepped_optimizer("adamw", _ODD_SIZES, "float32", 0, shard_rank=rank) as opt:
+            here = student.my_state_bytes(opt)
+        on_rank = rec["fsdp2"]
+        assert here == on_rank["state"]["optimizer_bytes"] == on_rank["student_optimizer_bytes"], (
+            rank, here, on_rank["state"])
 
 
 @slow
@@ -799,6 +990,7 @@ _FSDP_SETTINGS = [{"sizes": [32] * 9, "batch": 8, "steps": 3, "seed": 0, "reshar
 
 
 # -- one launch for the rank tests above and below: every variant, the lab's run and the hidden ones --
+_ODD_SIZES = [5, 7, 3, 9]   # FSDP2's shards of odd rows: 4 + 3, 2 + 1, 5 + 4
 #: The seeds each variant's hidden launch is run at: those its tests judge.
 ZERO2_SEEDS = {"good": [0, "grade:ada"], "honest": [1], **{k: [0] for k in WRONG_ZERO2}}
 FSDP2_SEEDS = {"good": [0, "grade:ada"], "honest": [1], **{k: [0] for k in WRONG_FSDP}}
@@ -811,7 +1003,8 @@ def _hidden_configs(gid: str, seed) -> list[dict]:
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """ONE real 2-rank launch (each costs seconds) of every student file these tests run on
-    ranks, each its own module: the lab's sharding run of each WRONG variant, the lab's
+    ranks, each its own module: the lab's sharding run (DDP and ZeRO-1) of each ZeRO-1
+    variant and its hidden ZeRO-1 launches (ZERO1_SEEDS), FSDP2's state on odd rows, the lab's
     ZeRO-2 run and the hidden ZeRO-2 launches (ZERO2_SEEDS), the lab's FSDP2 run of the
     reference and the hidden FSDP2 launches (FSDP2_SEEDS). Each task is what a separate
     launch ran (the same rank function, arguments and student module), so each test still
@@ -828,9 +1021,15 @@ def launched(tmp_path_factory):
         (folder / f"{modules[key]}.py").write_text(text)
         return modules[key]
 
-    for name, (zero1, counter, _) in WRONG.items():
+    for name, (zero1, counter) in ZERO1_CODE.items():
         mod = student(("code", name), _HEAD + counter + zero1)
-        tasks[("code", name)] = [("sharding", (["ddp", "zero1", "fsdp2"], [32] * 9, 8, 6, mod), {})]
+        tasks[("code", name)] = [("sharding", (["ddp", "zero1"], [32] * 9, 8, 6, mod), {})]
+        for seed in ZERO1_SEEDS[name]:   # as check_zero1's student_answer builds them
+            tasks[("code", name, seed)] = [
+                ("sharding", (["zero1"], c["sizes"], c["batch"], c["steps"], mod),
+                 {"lr": c["lr"], "weight_decay": c["weight_decay"], "seed": c["seed"]})
+                for c in _hidden_configs("check_zero1", seed)]
+    tasks[("fsdp2_state",)] = [("sharding", (["fsdp2"], _ODD_SIZES, 3, 2, modules[("code", "good")]), {})]
     zero2 = {"good": _GOOD_ZERO2, "honest": _HONEST_ZERO2, **WRONG_ZERO2}
     for variant, text in zero2.items():
         mod = student(("zero2", variant), _HEAD + _GOOD_COUNTER + _GOOD_ZERO1 + text)
