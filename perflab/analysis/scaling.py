@@ -17,7 +17,8 @@ many ranks without sharing a core for compute: with **simulated compute**
 (``compute_s_per_sample``, :func:`scaling_rank`) each rank sleeps its batch's modelled
 forward+backward time and computes only one sample, while DDP still all-reduces real
 gradients of the real sizes through the (simulated) link; such runs are labelled
-"simulated compute" in :func:`core_label`, :func:`scaling_table` and the plots.
+"simulated compute" in :func:`core_label`, :func:`scaling_table` and the plots, and still
+"oversubscribed" when ranks outnumber cores: their real all-reduces share the cores.
 """
 from __future__ import annotations
 
@@ -46,8 +47,10 @@ def _cores() -> int:
 def core_label(world_size: int, threads_per_rank: int = 1, cores: int | None = None, *,
                simulated_compute: bool = False) -> str:
     """"2 ranks on 2 cores", "4 ranks on 2 cores (oversubscribed)" or, with
-    ``simulated_compute``, "8 ranks on 2 cores, simulated compute" (the ranks sleep their
-    compute, so they do not share cores for it: not oversubscribed).
+    ``simulated_compute``, "8 ranks on 2 cores, simulated compute (oversubscribed)": the
+    ranks sleep their compute, but more processes than cores still share the cores for
+    everything else (the real all-reduces, the optimizer step), so such a run is labelled
+    oversubscribed whatever is simulated.
 
     Raises:
         ValueError: world_size or threads_per_rank < 1.
@@ -58,7 +61,7 @@ def core_label(world_size: int, threads_per_rank: int = 1, cores: int | None = N
     cores = _cores() if cores is None else cores
     text = f"{world_size} rank{'s' * (world_size > 1)} on {cores} cores"
     if simulated_compute:
-        return text + ", simulated compute"
+        return text + ", simulated compute" + (" (oversubscribed)" if world_size > cores else "")
     return text + (" (oversubscribed)" if world_size * threads_per_rank > cores else "")
 
 
@@ -143,9 +146,9 @@ def scaling_table(launches: Sequence[Sequence[Sequence[dict]]]) -> pd.DataFrame:
             list of per-config dicts); one launch must have world_size 1.
 
     Returns:
-        One row per (mode, link, world_size): ``mode, link, world_size, cores ("...
-        (oversubscribed)" where ranks outnumber cores and compute is real, "...,
-        simulated compute" where it was slept), oversubscribed (bool), compute
+        One row per (mode, link, world_size): ``mode, link, world_size, cores ("...,
+        simulated compute" where compute was slept, " (oversubscribed)" where ranks
+        outnumber cores, whatever is simulated), oversubscribed (bool), compute
         ("measured" or "simulated"), global_batch, step_ms (median over steps of the
         slowest rank's step), samples_per_s, efficiency, ci_low, ci_high`` (world_size 1:
         efficiency 1).
@@ -171,7 +174,7 @@ def scaling_table(launches: Sequence[Sequence[Sequence[dict]]]) -> pd.DataFrame:
         med = float(np.median(step))
         rows.append({"mode": mode, "link": link, "world_size": w,
                      "cores": core_label(w, simulated_compute=sim),
-                     "oversubscribed": not sim and w > _cores(),
+                     "oversubscribed": w > _cores(),   # whatever is simulated
                      "compute": "simulated" if sim else "measured", "global_batch": gb,
                      "step_ms": med * 1e3, "samples_per_s": gb / med, "efficiency": e,
                      "ci_low": lo, "ci_high": hi})
@@ -229,8 +232,9 @@ def scaling_rank(configs: Sequence[dict[str, Any]], sizes: Sequence[int], seed: 
     **simulated compute**: each step the rank sleeps ``compute_s_per_sample * batch``
     seconds, the modelled forward+backward of its batch, then runs forward+backward of
     the batch's first sample only, so DDP all-reduces real gradients of the real sizes
-    (through the link, when one is given) while the cores stay free: ranks that
-    outnumber the cores are not oversubscribed. The optimizer step stays real.
+    (through the link, when one is given) while the cores stay free for compute; ranks
+    that outnumber the cores still share them for the all-reduces and the optimizer step
+    (real), so such runs are labelled oversubscribed.
 
     Returns:
         Per config, the config's labels (``link`` as its name) with ``world_size`` (the

@@ -343,7 +343,8 @@ def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
     seconds per sample of its batch (:func:`perflab.analysis.scaling.scaling_rank`), then
     one sample's real forward+backward gives real gradients of the real sizes, which DDP
     all-reduces through Lab 06's link hook: so 8 ranks run on a 2-core machine without
-    sharing cores for compute (never oversubscribed). With ``compute_s_per_sample=None``
+    sharing cores for compute, though their real all-reduces do share them: a run with
+    more ranks than cores is labelled oversubscribed. With ``compute_s_per_sample=None``
     it is measured once first: the median of a real 1-rank step (the 256-512-512-10 MLP,
     batch 256, SGD, 1 thread, no link) divided by 256. The runs: SGD, 256 samples per rank
     (weak) or 480 in all (strong: divisible by 1, 2, 3, 4, 6 and 8), ``steps`` steps after
@@ -358,7 +359,8 @@ def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
     "compute_s_per_sample", "sizes", "param_bytes", "links": {name: {"alpha_s",
     "beta_bytes_per_s"}}, "link_model", "sweeps": {name: {"world_size", "size_bytes",
     "time_min_s", "time_median_s"}}, "runs": [{"mode", "link", "world_size", "global_batch", "compute"
-    ("simulated"), "oversubscribed" (False), "step_s": [slowest rank's step, s]}]}``.
+    ("simulated"), "oversubscribed" (more ranks than this machine's cores), "step_s":
+    [slowest rank's step, s]}]}``.
 
     Returns:
         The recording (the dict written).
@@ -368,11 +370,12 @@ def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
     import numpy as np
 
     from perflab.analysis.collectives import allreduce_sweep
-    from perflab.analysis.scaling import core_label, scaling_configs
+    from perflab.analysis.scaling import _cores, core_label, scaling_configs
     from perflab.core.simulated import LINK_PRESETS
     from perflab.distributed import launch_fn
 
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    cores = _cores()
     sizes, links = [256, 512, 512, 10], [LINK_PRESETS["10gbe"], LINK_PRESETS["1gbe"]]
     world_sizes, per_rank_batch, global_batch = (1, 2, 3, 4, 6, 8), 256, 480
     if compute_s_per_sample is None:  # one real 1-rank step, measured once
@@ -392,7 +395,7 @@ def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
         slowest = [max(ranks[r][i]["step_s"][s] for r in range(w)) for s in range(steps)]
         runs.append({"mode": cfg["mode"], "link": cfg["link"], "world_size": w,
                      "global_batch": cfg["batch"] * w, "compute": "simulated",
-                     "oversubscribed": False, "step_s": slowest})
+                     "oversubscribed": w > cores, "step_s": slowest})
     sweep_sizes = [2 ** k for k in range(10, 25, 2)]
     table = allreduce_sweep(sweep_sizes, world_size=2, repeats=15, warmup=3, link=links)
     sweeps = {}
