@@ -7,12 +7,15 @@ the same sandbox (:mod:`perflab.course.sandbox`) but its own scratch folder: a p
 ``python`` with no IPython and no kernel, which
 
 1. reads its plan (:func:`plan_process`: the cells to run, the checks, their hidden
-   cases) from a file in its scratch folder and deletes the file;
+   cases) from a file in its scratch folder and deletes the file (where the sandbox
+   bound it read-only it stays, unread again);
 2. finds what the lab's exercises forbid (``forbid=[...]`` of each graded check) and makes
    a stub for each that raises :class:`ForbiddenHelperError` naming the rule
    (:func:`find_helpers`);
-3. runs, in notebook order and in one ``__main__`` namespace as Jupyter does, the given
-   cells and the student's answer cells (``%%writefile`` cells write their module into
+3. runs, in notebook order and in one ``__main__`` namespace as Jupyter does, the cells
+   the checks need (:func:`_needed`: the answer and given cells that bind a name a
+   check reads, their own inputs, every ``%%writefile`` cell; panels and measurements
+   no check reads are left out) (``%%writefile`` cells write their module into
    the scratch folder, which the answers import from; ``%time`` runs its statement; a
    magic with no meaning outside a kernel is skipped and logged), a cell that raises is
    logged and the run goes on, as under nbval;
@@ -78,15 +81,16 @@ def plan_process(assembled, *, cell_timeout_s: float) -> dict:
     (magics translated), each graded check at its place with its hidden cases.
 
     Returns:
-        ``{"steps": [{"kind": "cell", "n": int, "first_line": str, "source": str} or
-        {"kind": "check", "grade_id": str, "answer_source": str, "cases": list,
-        "forbid": list[str]}, ...], "forbid": [every forbidden name], "cell_timeout_s":
-        float}``; JSON data.
+        ``{"steps": [{"kind": "cell", "n": int, "id": str, "first_line": str,
+        "source": str} or {"kind": "check", "grade_id": str, "answer_source": str,
+        "cases": list, "forbid": list[str], "compiles": bool, "needs": [cell id]}, ...],
+        "forbid": [every forbidden name], "cell_timeout_s": float}``; JSON data. Only
+        the cells the checks need are there (:func:`_needed`).
 
     Note:
         A check in the older ``### JUDGE`` format runs its probe here (a
-            ``{"kind": "probe", "grade_id", "answer_source"}`` step whose printed facts
-            line is its record); convert it, its facts are the student's code's word.
+        ``{"kind": "probe", "grade_id", "answer_source", "reads"}`` step whose printed
+        facts line is its record); convert it: its facts are the student's code's word.
     """
     from IPython.core.inputtransformer2 import TransformerManager
 
