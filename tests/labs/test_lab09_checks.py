@@ -1492,3 +1492,29 @@ def test_record_order_logs_collectives_and_forwards_in_order(monkeypatch):
                           "backward": [["reduce_scatter", 16]]}
     assert rec.async_ops == [False, True]
     assert dist.all_gather_single is fake_gather and not blocks[0]._forward_pre_hooks
+
+
+def test_zero2_bucket_rule_is_the_one_the_exercise_states():
+    """Exercise 2b's worked example (issue 44): on mlp([7, 13, 5]) with
+    bucket_cap_mb=0.0003 the reference MyZero2 makes the three buckets the text names
+    (a parameter that would pass the cap starts a new bucket), and DDP's own rule
+    (torch's bucket assignment, Lab 06) the two the text contrasts it with."""
+    import torch.distributed as dist
+
+    importlib.import_module("torch.testing._internal.distributed.fake_pg")  # "fake" backend
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    source = NB.solution("zero1_file").split("\n", 1)[1]   # the %%writefile module's body
+    scope: dict = {"__name__": "zero1_reference"}
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        exec(compile(source, "zero1_reference", "exec"), scope)  # noqa: S102 - the reference
+        params = list(mlp([7, 13, 5], seed=0).parameters())
+        zero2 = scope["MyZero2"](params, bucket_cap_mb=0.0003)
+        mine = [[p.numel() for p in bucket] for bucket in zero2.buckets]
+    finally:
+        dist.destroy_process_group()
+    assert mine == [[5, 65], [13], [91]]
+    ddp, _ = dist._compute_bucket_assignment_by_size(list(reversed(params)),
+                                                     [int(0.0003 * 2 ** 20)])
+    assert [[list(reversed(params))[i].numel() for i in b] for b in ddp] == [[5, 65, 13], [91]]
