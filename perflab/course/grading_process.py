@@ -170,9 +170,15 @@ def read_records(path: Path) -> tuple[dict[str, list[dict]], list[dict], int]:
 
 
 def _names(source: str) -> tuple[set[str], set[str], bool]:
-    """``(names a cell binds at its top level, names it reads anywhere, whether it writes
-    a module with %%writefile)``; a cell that does not parse binds nothing and reads
-    nothing (it runs only if a check names it)."""
+    """``(names a cell binds at its top level, names it reads from the module's
+    namespace, whether it writes a module with %%writefile)``; a cell that does not parse
+    binds nothing and reads nothing (it runs only if a check names it).
+
+    Scopes are followed as Python does: a function's parameters and the names it assigns
+    are its own (a read of them is no read of the namespace), a comprehension's targets
+    are the comprehension's, and a function body's reads of other names are reads of the
+    namespace (at call time). A class body's names are the class's. ``global x`` in a
+    function counts as binding ``x`` (calling it may)."""
     import ast
 
     try:
@@ -182,26 +188,69 @@ def _names(source: str) -> tuple[set[str], set[str], bool]:
     bound: set[str] = set()
     read: set[str] = set()
     writes = False
+    comprehensions = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
-    def top(node: ast.AST) -> None:   # binding statements outside any def/class body
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                bound.add(child.name)
-                continue
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                bound.update((a.asname or a.name).split(".")[0] for a in child.names)
-            elif isinstance(child, ast.Name) and not isinstance(child.ctx, ast.Load):
-                bound.add(child.id)
-            top(child)
+    def stored(nodes) -> set[str]:
+        out = set()
+        for n in nodes:
+            for sub in ast.walk(n):
+                if isinstance(sub, ast.Name) and not isinstance(sub.ctx, ast.Load):
+                    out.add(sub.id)
+                elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    out.add(sub.name)
+                elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    out.update((a.asname or a.name).split(".")[0] for a in sub.names)
+                elif isinstance(sub, ast.Global):
+                    bound.update(sub.names)
+        return out
 
-    top(tree)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            read.add(node.id)
+    def visit(node: ast.AST, local: frozenset[str] | None) -> None:
+        nonlocal writes
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if not isinstance(node, ast.Lambda) and local is None:
+                bound.add(node.name)
+            a = node.args
+            for d in [*getattr(node, "decorator_list", []), *a.defaults,
+                      *[k for k in a.kw_defaults if k is not None]]:
+                visit(d, local)
+            params = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs,
+                                      *filter(None, [a.vararg, a.kwarg])]}
+            body = node.body if isinstance(node.body, list) else [node.body]
+            inner = frozenset((local or frozenset()) | params | stored(body))
+            for b in body:
+                visit(b, inner)
+            return
+        if isinstance(node, ast.ClassDef):
+            if local is None:
+                bound.add(node.name)
+            for d in [*node.decorator_list, *node.bases, *[k.value for k in node.keywords]]:
+                visit(d, local)
+            inner = frozenset((local or frozenset()) | stored(node.body))
+            for b in node.body:
+                visit(b, inner)
+            return
+        if isinstance(node, comprehensions):
+            targets = stored([g.target for g in node.generators])
+            inner = frozenset((local or frozenset()) | targets)
+            for child in ast.iter_child_nodes(node):
+                visit(child, inner)
+            return
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                if local is None or node.id not in local:
+                    read.add(node.id)
+            elif local is None:
+                bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and local is None:
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr == "run_cell_magic" and node.args \
                 and isinstance(node.args[0], ast.Constant) and node.args[0].value == "writefile":
             writes = True
+        for child in ast.iter_child_nodes(node):
+            visit(child, local)
+
+    visit(tree, None)
     return bound, read, writes
 
 

@@ -7,13 +7,17 @@ differently passes, wrong answers fail on a hidden case.
 * the data-parallel file (a sum instead of an average, blocking or late allreduces,
   buckets in the wrong order or with the wrong cap, an over-cap parameter given a bucket
   of its own, a first-bucket cap ignored, a wrapper around DDP, an fp32 or borrowed
-  hook): a live run, plus ``bucket_assignment`` on drawn size lists judged against torch's
-  ``_compute_bucket_assignment_by_size``, which the answer may not call (the graded
-  call forbids it: a C function, seen by the spy's C calls). The lab's one launch runs the student's file on the check
-  model and on a second MLP with caps that make 1, 2 and 3 buckets; the graded part
-  reads what the ranks recorded and the grader recomputes the ranks' mean gradient and
-  DDP's bucket assignment on its side. Here one launch runs every file on those runs,
-  and the grader's references are checked against DistributedDataParallel itself."""
+  hook): check_per_param's graded call launches 2 ranks running the student's file on
+  three tiny MLPs, caps and seeded data drawn at grade time (a sealed case the two later
+  checks read back, as Lab 10's checks share a launch), and the grader recomputes the
+  ranks' mean gradient and DDP's bucket assignment on its side; ``bucket_assignment`` is
+  also judged on drawn size lists against torch's ``_compute_bucket_assignment_by_size``,
+  which the answer may not call (the graded call forbids it: a C function, seen by the
+  spy's C calls). What the notebook's own launch recorded (``checked``) feeds only the
+  self-checks: records an answer cell fabricates earn nothing. Here one launch runs every
+  file on the lab's runs and on the drawn ones, answered to the graded call's
+  ``launch_fn``, and the grader's references are checked against
+  DistributedDataParallel itself."""
 from __future__ import annotations
 
 import types
@@ -22,9 +26,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, grade_wrong, notebook_points
+from tests.labs.labcheck import Lab, notebook_points
 from perflab.course.checks import split_check
-from perflab.labs.lab06.checks import GRAD_ATOL, GRAD_RTOL, compare_rank, edge_mlp
+from perflab.labs.lab06.checks import GRAD_ATOL, GRAD_RTOL, compare_rank, graded_rank
 from perflab.analysis.collectives import recorded_allreduce_sweep
 from perflab.distributed import launch_fn
 
@@ -540,42 +544,74 @@ STUDENT_FILES = {
 CHECKS = ("check_per_param", "check_my_ddp", "check_fp16_hook")
 
 
-def _grader(gid: str) -> dict:
-    """The names the check's graded part defines in the grader (its references)."""
-    ns: dict = {}
-    exec(compile(split_check(LAB.cells[gid]).graded.grader_source, gid, "exec"), ns)  # noqa: S102
-    return ns
+def _live_runs(ns: dict) -> list[list]:
+    """The runs of the lab's own launch (its self-checks' runs): compare_rank's arguments
+    after the module name, from the set-up cell's CHECK_* and CAP_ARGS."""
+    runs = [[ns["CHECK_SIZES"], ns["CHECK_CAP_MB"], ns["CHECK_STEPS"], 4, 0.1, 0, False]]
+    return runs + [list(c) + [False] * (7 - len(c)) for c in ns["CAP_ARGS"]]
 
 
-#: The runs of the lab's launch the graded checks judge, as the grader knows them:
-#: compare_rank's arguments after the module name.
-RUNS = [[c["sizes"], c["bucket_cap_mb"], c["steps"], c["batch"], c["lr"], c["seed"], c["edges"]]
-        for c in _grader("check_my_ddp")["lab06_live_runs"]()]
+def _hidden_runs(seed) -> list[dict]:
+    """The runs check_per_param draws at ``seed`` (the graded launch's; the later checks
+    judge the same ones, sealed)."""
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+
+    cases_fn, _ = graded_functions(split_check(LAB.cells["check_per_param"]).graded,
+                                   "check_per_param")
+    (case,) = draw_cases(cases_fn, seed)
+    return case["runs"]
 
 
-def many_files_rank(modules: list[str], configs: list[list]) -> dict:
-    """Rank body: :func:`compare_rank` for each module on each run (one process start-up)."""
-    return {m: [compare_rank(m, *c) for c in configs] for m in modules}
+#: Seeds the reference is graded at (each its own hidden runs); the wrong files at the first.
+SEEDS = (0, 1, "grade:ada")
+
+
+def many_files_rank(modules: list[str], live: list[list], hidden: list[list[dict]]) -> dict:
+    """Rank body, one process start-up for every file: each module on the lab's runs
+    (beside DDP: the self-checks' records), on the graded runs of ``hidden[0]`` as the
+    graded launch runs them (:func:`graded_rank`); the reference (``modules[0]``) also on
+    every ``hidden`` list beside DDP (a superset of graded_rank's records)."""
+    out = {m: {"live": [compare_rank(m, *c) for c in live], "graded": graded_rank(m, hidden[0])}
+           for m in modules[1:]}
+    out[modules[0]] = {"live": [compare_rank(modules[0], *c) for c in live],
+                       "beside_ddp": [[compare_rank(modules[0], r["sizes"], r["bucket_cap_mb"],
+                                                    r["steps"], r["batch"], r["lr"], r["seed"],
+                                                    r["edges"]) for r in runs] for runs in hidden]}
+    return out
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """Every student file on every run of the lab's launch, in one launch of 2 gloo ranks:
-    ``{name: [[rank 0, rank 1] per run]}``."""
+def ranks(tmp_path_factory, lab_ns):
+    """Every student file on the lab's runs and on the graded runs, in one launch of 2
+    gloo ranks: ``{name: {"live": [[rank 0, rank 1] per run], "graded": {seed: [rank]
+    [run] (what the graded launch returns)}}}``; the reference at every seed of
+    :data:`SEEDS` (run beside DDP), the others at the first."""
     import sys
 
     folder = tmp_path_factory.mktemp("lab06_files")
     for name, (src, _) in STUDENT_FILES.items():
         assert src != _REF or name == "reference", f"{name}: the replacement did not apply"
         (folder / f"ddp_wrong_{name}.py").write_text(src)
+    live = _live_runs(lab_ns)
+    names = ["reference"] + [n for n in STUDENT_FILES if n != "reference"]
     sys.path.insert(0, str(folder))
     try:
         out = launch_fn(many_files_rank, 2, device="cpu", timeout_s=600,
-                        args=([f"ddp_wrong_{n}" for n in STUDENT_FILES], RUNS))
+                        args=([f"ddp_wrong_{n}" for n in names], live,
+                              [_hidden_runs(s) for s in SEEDS]))
     finally:
         sys.path.remove(str(folder))
-    return {name: [[r[f"ddp_wrong_{name}"][k] for r in out] for k in range(len(RUNS))]
-            for name in STUDENT_FILES}
+    got: dict = {"live_runs": live}
+    for name in names:
+        per_rank = [r[f"ddp_wrong_{name}"] for r in out]
+        got[name] = {"live": [[r["live"][k] for r in per_rank] for k in range(len(live))]}
+        if name == "reference":
+            got[name]["graded"] = {s: [r["beside_ddp"][i] for r in per_rank]
+                                   for i, s in enumerate(SEEDS)}
+        else:
+            got[name]["graded"] = {SEEDS[0]: [r["graded"] for r in per_rank]}
+    return got
 
 
 def _student_module(name: str) -> types.ModuleType:
@@ -585,102 +621,200 @@ def _student_module(name: str) -> types.ModuleType:
     return mod
 
 
-def _lab_globals(runs: list, name: str = "reference") -> dict:
+def _lab_globals(ranks: dict, name: str = "reference", records: str | None = None) -> dict:
     """What the lab's launch cell leaves in the notebook: ``checked`` (the check model)
-    and ``checked_caps`` (the second MLP's caps), each ``[rank 0, rank 1]``, and the
-    imported file ``ddp_student``."""
+    and ``checked_caps`` (the other runs), each ``[rank 0, rank 1]``, from file
+    ``records``' run (default: ``name``'s), and ``name``'s file imported as
+    ``ddp_student``."""
+    runs = ranks[records or name]["live"]
     return {"__name__": "__main__", "checked": runs[0], "checked_caps": runs[1:], "np": np,
-            "CHECK_STEPS": CHECK_STEPS, "CAP_ARGS": [tuple(c) for c in RUNS[1:]],
+            "CHECK_STEPS": CHECK_STEPS, "CAP_ARGS": [tuple(c) for c in ranks["live_runs"][1:]],
             "ddp_student": _student_module(name)}
 
 
-def test_the_grader_knows_the_labs_runs(lab_ns):
-    """The runs the graded checks judge are the ones the lab's launch makes: the check
-    model, then the second MLP with caps that make 1, 2 and 3 buckets, then the MLP with
-    a tied weight and a frozen bias, each cap the bytes of its first bucket exactly (so
-    closing a bucket only strictly over the cap differs); the grader's bucket assignment
-    says so, leaves the frozen bias out, lists the shared weight once, and puts it (over
-    the cap) in a bucket after a small bias."""
-    assert RUNS[0] == [lab_ns["CHECK_SIZES"], lab_ns["CHECK_CAP_MB"], lab_ns["CHECK_STEPS"], 4, 0.1, 0, False]
-    assert RUNS[1:] == [list(c) + [False] * (7 - len(c)) for c in lab_ns["CAP_ARGS"]]
-    assert [r[6] for r in RUNS] == [False, False, False, False, True]
-    grader = _grader("check_my_ddp")
-    buckets = grader["lab06_ddp_buckets"]
-    assert [len(buckets(c[0], c[1], c[6])) for c in RUNS] == [3, 1, 2, 3, 3]
-    for sizes, cap_mb, *_, edges in RUNS:
-        params = list(grader["lab06_model"](sizes, 0, edges).parameters())
-        first = buckets(sizes, cap_mb, edges)[0]
+def _judge_chain(monkeypatch, answer: list, seed, ns: dict | None = None,
+                 name: str = "reference") -> dict:
+    """The three graded data-parallel checks at ``seed``, in notebook order, in one
+    namespace (``ns``, else one with file ``name`` as ``ddp_student``): check_per_param's
+    launch answered with ``answer`` (``[rank][run]`` records, as the graded launch returns
+    them), the later checks reading what it kept (sealed). Returns ``{grade_id: verdict}``."""
+    import json
+
+    import perflab.labs.lab06.checks as lab06_checks
+
+    runs = _hidden_runs(seed)
+
+    def fake_launch(fn, world_size, *, args=(), **kwargs):
+        assert fn is lab06_checks.graded_rank and world_size == 2, (fn, world_size)
+        assert args[0] == "ddp_student" and args[1] == runs, args
+        return json.loads(json.dumps(answer))   # fresh copies, as a launch unpickles them
+
+    monkeypatch.setattr(lab06_checks, "_GRADED_LAUNCH", {})
+    monkeypatch.setattr(lab06_checks, "launch_fn", fake_launch)
+    ns = ns if ns is not None else {"__name__": "__main__", "ddp_student": _student_module(name)}
+    return {gid: LAB.judge(ns, gid, seed=seed) for gid in CHECKS}
+
+
+def test_drawn_runs_have_the_cases_that_matter():
+    """At every seed: three runs on hidden seeded data; the first's cap is the bytes of
+    its first bucket exactly and it has 2 or more buckets; the last is the MLP with a
+    tied weight and a frozen bias, whose bucket assignment leaves the frozen bias out,
+    lists the shared weight once and puts it (over the cap) in a bucket after a small
+    bias; the runs differ from seed to seed."""
+    from perflab.course.references.lab06 import ddp_buckets, run_model
+
+    seen = set()
+    for seed in (*SEEDS, 2, 3, "grade:bob"):
+        runs = _hidden_runs(seed)
+        seen.add(repr(runs))
+        assert [r["edges"] for r in runs] == [False, False, True]
+        assert all(2 <= r["steps"] <= 3 for r in runs)
+        first = runs[0]
+        params = list(run_model(first["sizes"], 0, False).parameters())
+        buckets = ddp_buckets(first["sizes"], first["bucket_cap_mb"], False)
+        assert len(buckets) >= 2
+        assert sum(params[i].numel() * 4 for i in buckets[0]) == round(first["bucket_cap_mb"] * 2**20)
+        edge = runs[2]
+        model = run_model(edge["sizes"], 0, True)
+        params = list(model.parameters())
+        shared = next(i for i, p in enumerate(params) if p is model[4].weight)
+        frozen = next(i for i, p in enumerate(params) if not p.requires_grad)
+        got = ddp_buckets(edge["sizes"], edge["bucket_cap_mb"], True)
+        assert sorted(i for b in got for i in b) == [i for i in range(len(params)) if i != frozen]
+        (b,) = [b for b in got if shared in b]
+        cap = edge["bucket_cap_mb"] * 2**20
+        assert len(b) == 2 and params[shared].numel() * 4 > cap > params[b[0]].numel() * 4
+    assert len(seen) == 6
+
+
+def test_the_labs_runs_for_the_self_checks(lab_ns):
+    """The lab's own launch (the self-checks' feedback): the check model, the second MLP
+    with caps that make 1, 2 and 3 buckets, the MLP with a tied weight and a frozen bias;
+    each cap the bytes of its first bucket exactly."""
+    from perflab.course.references.lab06 import ddp_buckets, run_model
+
+    live = _live_runs(lab_ns)
+    assert [r[6] for r in live] == [False, False, False, False, True]
+    assert [len(ddp_buckets(c[0], c[1], c[6])) for c in live] == [3, 1, 2, 3, 3]
+    for sizes, cap_mb, *_, edges in live:
+        params = list(run_model(sizes, 0, edges).parameters())
+        first = ddp_buckets(sizes, cap_mb, edges)[0]
         assert sum(params[i].numel() * 4 for i in first) == round(cap_mb * 2**20)
-    sizes, cap_mb, *_ = RUNS[-1]
-    model = edge_mlp(sizes)
-    params = list(model.parameters())
-    shared = next(i for i, p in enumerate(params) if p is model[4].weight)
-    frozen = next(i for i, p in enumerate(params) if not p.requires_grad)
-    got = buckets(sizes, cap_mb, True)
-    assert sorted(i for b in got for i in b) == [i for i in range(len(params)) if i != frozen]
-    (b,) = [b for b in got if shared in b]
-    assert len(b) == 2 and params[shared].numel() * 4 > cap_mb * 2**20 > params[b[0]].numel() * 4
 
 
 @pytest.mark.parametrize("name", sorted(STUDENT_FILES))
 @pytest.mark.slow
-def test_student_files(name, ranks):
+def test_student_files(name, ranks, monkeypatch):
+    """Each file graded on the runs drawn at seed 0: the reference and the honest variant
+    pass the three checks, each wrong file fails the checks it breaks on a hidden case
+    and passes the others."""
     failing = STUDENT_FILES[name][1]
-    for gid in CHECKS:
-        verdict = LAB.judge(_lab_globals(ranks[name], name), gid)
+    verdicts = _judge_chain(monkeypatch, ranks[name]["graded"][SEEDS[0]], SEEDS[0], name=name)
+    for gid, verdict in verdicts.items():
         if gid in failing:
             assert _fails_on_a_hidden_case(verdict), (name, gid, verdict)
         else:
             assert verdict.passed, (name, gid, verdict.message)
 
 
+@pytest.mark.slow
+def test_reference_passes_at_other_seeds(ranks, monkeypatch):
+    for seed in SEEDS[1:]:   # other runs, other caps and data: the reference on each
+        for gid, verdict in _judge_chain(monkeypatch, ranks["reference"]["graded"][seed],
+                                         seed).items():
+            assert verdict.passed, (seed, gid, verdict.message)
+
+
+#: A wrong file per check, its mistake only in that check's exercise.
+FABRICATED = {"check_per_param": "per_param_sum", "check_my_ddp": "bucket_sum",
+              "check_fp16_hook": "fp16_sum"}
+
+
 @pytest.mark.parametrize("gid", CHECKS)
 @pytest.mark.slow
-def test_reference_passes_at_other_seeds(gid, ranks):
-    for seed in (1, "grade:ada"):  # a live run: the same runs whatever the seed
-        verdict = LAB.judge(_lab_globals(ranks["reference"]), gid, seed=seed)
-        assert verdict.passed, verdict.message
+def test_records_of_the_notebooks_launch_earn_nothing(gid, ranks, monkeypatch):
+    """Issue 43: an answer cell that makes the notebook's own launch run another (right)
+    file, or assigns its records (``checked``, ``checked_caps``), while ``ddp_student.py``
+    is wrong. The self-check reads those records, as the graded part did before it
+    launched its own ranks, and passes; the graded part runs ddp_student.py on runs it
+    drew and fails on that hidden case."""
+    wrong = FABRICATED[gid]
+    ns = _lab_globals(ranks, wrong, records="reference")   # the kernel's records: the right file's
+    LAB.run_code(dict(ns), split_check(LAB.cells[gid]).probe)
+    verdicts = _judge_chain(monkeypatch, ranks[wrong]["graded"][SEEDS[0]], SEEDS[0], ns=ns)
+    assert _fails_on_a_hidden_case(verdicts[gid]), verdicts[gid]
+    assert "hidden case 1/" in verdicts[gid].message   # the launch's case, not a size list
+    assert "not the ranks' mean gradient" in verdicts[gid].message, verdicts[gid].message
 
 
 @pytest.mark.slow
-def test_short_records_fail(ranks):
-    """A run with a step missing, or one rank missing, never passes."""
+def test_short_or_missing_records_fail(ranks, monkeypatch):
+    """A run with a step missing, a rank or a run missing never passes."""
     import copy
 
-    for gid, variant in (("check_per_param", "per_param"), ("check_my_ddp", "bucketed"),
-                         ("check_fp16_hook", "fp16")):
-        runs = copy.deepcopy(ranks["reference"])
-        for r in runs[2]:
-            r[variant]["grads"].pop()
-        assert _fails_on_a_hidden_case(LAB.judge(_lab_globals(runs), gid)), gid
-        runs = copy.deepcopy(ranks["reference"])
-        runs[1] = runs[1][:1]
-        assert _fails_on_a_hidden_case(LAB.judge(_lab_globals(runs), gid)), gid
+    good = ranks["reference"]["graded"][SEEDS[0]]
+    short_step = copy.deepcopy(good)
+    for variant in ("per_param", "bucketed", "fp16"):
+        short_step[0][1][variant]["grads"].pop()
+    one_rank = copy.deepcopy(good)[:1]
+    one_run_less = [r[:-1] for r in copy.deepcopy(good)]
+    for answer in (short_step, one_rank, one_run_less):
+        for gid, verdict in _judge_chain(monkeypatch, answer, SEEDS[0]).items():
+            assert _fails_on_a_hidden_case(verdict), (gid, verdict)
+
+
+@pytest.mark.slow
+def test_later_checks_judge_only_the_sealed_runs(ranks, monkeypatch):
+    """check_my_ddp and check_fp16_hook judge the runs check_per_param drew: a record whose
+    runs were changed in the process (a cap, to fit other buckets), or with no launch
+    before it, fails."""
+    import perflab.labs.lab06.checks as lab06_checks
+
+    _judge_chain(monkeypatch, ranks["reference"]["graded"][SEEDS[0]], SEEDS[0])
+    ns = {"__name__": "__main__", "ddp_student": _student_module("reference")}
+    lab06_checks._GRADED_LAUNCH["runs"] = [dict(r) for r in lab06_checks._GRADED_LAUNCH["runs"]]
+    lab06_checks._GRADED_LAUNCH["runs"][1]["bucket_cap_mb"] *= 2
+    for gid in CHECKS[1:]:
+        verdict = LAB.judge(ns, gid, seed=0)
+        assert _fails_on_a_hidden_case(verdict) and "tampered" in verdict.message, verdict
+    lab06_checks._GRADED_LAUNCH.clear()
+    for gid in CHECKS[1:]:
+        verdict = LAB.judge(ns, gid, seed=0)
+        assert _fails_on_a_hidden_case(verdict), verdict
+        assert "no graded data-parallel launch" in verdict.message, verdict.message
+
+
+def test_graded_records_refuses_an_unknown_variant():
+    from perflab.labs.lab06.checks import GRADED_VARIANTS, graded_records
+
+    with pytest.raises(ValueError, match="one of"):
+        graded_records(None, "ddp")
+    assert GRADED_VARIANTS == ("per_param", "bucketed", "fp16")
 
 
 @pytest.mark.slow
 def test_graders_references_match_ddp(ranks):
     """What the grader computes on its side is what DistributedDataParallel does on every
-    run: DDP's buckets (after its first-step rebuild) are ``lab06_ddp_buckets``, its
-    gradients the ranks' mean gradient (``lab06_mean_grads``), and torch's
-    fp16_compress_hook's gradients the fp16 mean, which the fp32 mean is not."""
-    grader = _grader("check_fp16_hook")
-    for config, run in zip(RUNS, ranks["reference"]):
-        sizes, cap_mb, steps, batch, lr, seed, edges = config
-        case = {"sizes": sizes, "bucket_cap_mb": cap_mb, "steps": steps, "batch": batch,
-                "lr": lr, "seed": seed, "edges": edges}
-        want32, _ = grader["lab06_mean_grads"](case)
-        want16, scales = grader["lab06_mean_grads"](case, fp16=True)
-        for rank, r in enumerate(run):
-            assert r["ddp_buckets"] == grader["lab06_ddp_buckets"](sizes, cap_mb, edges), config
-            grader["lab06_same_grads"](r["ddp"]["grads"], want32, rank, rtol=GRAD_RTOL)
-            grader["lab06_same_grads"](r["torch_fp16"]["grads"], want16, rank, rtol=1e-3)
-            with pytest.raises(AssertionError):
-                grader["lab06_same_grads"](r["ddp"]["grads"], want16, rank, rtol=1e-3)
+    drawn run: DDP's buckets (after its first-step rebuild) are ``ddp_buckets``, its
+    gradients the ranks' mean gradient (``mean_grads``), and torch's fp16_compress_hook's
+    gradients the fp16 mean, which the fp32 mean is not."""
+    from perflab.course.references.lab06 import ddp_buckets, mean_grads, same_grads
+
+    for seed in SEEDS:
+        for run, recs in zip(_hidden_runs(seed), zip(*ranks["reference"]["graded"][seed])):
+            want32, _ = mean_grads(run)
+            want16, _ = mean_grads(run, fp16=True)
+            for rank, r in enumerate(recs):
+                assert r["ddp_buckets"] == ddp_buckets(run["sizes"], run["bucket_cap_mb"],
+                                                       run["edges"]), run
+                same_grads(r["ddp"]["grads"], want32, rank, rtol=GRAD_RTOL)
+                same_grads(r["torch_fp16"]["grads"], want16, rank, rtol=1e-3)
+                with pytest.raises(AssertionError):
+                    same_grads(r["ddp"]["grads"], want16, rank, rtol=1e-3)
 
 
 @pytest.mark.slow
-def test_fp16_judge_allows_the_ranks_own_rounding(ranks, monkeypatch):
+def test_fp16_judge_allows_the_ranks_own_rounding(ranks, lab_ns, monkeypatch):
     """The ranks' fp32 gradients may differ from the grader's in the last bit (threads,
     kernels); rounded to fp16 and summed, where the ranks' gradients nearly cancel, that
     is many fp16 ulps of the mean. The fp16 judge allows a few fp16 roundings of the
@@ -688,24 +822,29 @@ def test_fp16_judge_allows_the_ranks_own_rounding(ranks, monkeypatch):
     jittered by 1e-6, while a plain rtol of the mean would fail it."""
     import torch
 
+    from perflab.course.references.lab06 import mean_grads, same_grads
+
     real_grad = torch.autograd.grad
     gen = torch.Generator().manual_seed(0)
 
     def jittered(outputs, inputs, *a, **k):
         return tuple(g * (1 + 1e-6 * torch.randn(g.shape, generator=gen))
                      for g in real_grad(outputs, inputs, *a, **k))
-    grader = _grader("check_fp16_hook")
     monkeypatch.setattr(torch.autograd, "grad", jittered)
     strict_failed = False
-    for config, run in zip(RUNS, ranks["reference"]):
-        sizes, cap_mb, steps, batch, lr, seed, edges = config
-        case = {"sizes": sizes, "bucket_cap_mb": cap_mb, "steps": steps, "batch": batch,
-                "lr": lr, "seed": seed, "edges": edges}
-        want16, scales = grader["lab06_mean_grads"](case, fp16=True)
-        for rank, r in enumerate(run):
-            grader["lab06_same_grads"](r["fp16"]["grads"], want16, rank, rtol=3e-3, scales=scales)
+    runs = [dict(zip(("sizes", "bucket_cap_mb", "steps", "batch", "lr", "seed", "edges"), c))
+            for c in _live_runs(lab_ns)]
+    for seed in SEEDS:
+        runs += _hidden_runs(seed)
+    records = list(ranks["reference"]["live"])
+    for seed in SEEDS:
+        records += list(zip(*ranks["reference"]["graded"][seed]))
+    for run, recs in zip(runs, records, strict=True):
+        want16, scales = mean_grads(run, fp16=True)
+        for rank, r in enumerate(recs):
+            same_grads(r["fp16"]["grads"], want16, rank, rtol=3e-3, scales=scales)
             try:
-                grader["lab06_same_grads"](r["fp16"]["grads"], want16, rank, rtol=1e-3)
+                same_grads(r["fp16"]["grads"], want16, rank, rtol=1e-3)
             except AssertionError:
                 strict_failed = True
     assert strict_failed
@@ -714,8 +853,12 @@ def test_fp16_judge_allows_the_ranks_own_rounding(ranks, monkeypatch):
 @pytest.mark.slow
 def test_reference_wrapper_matches_ddp_gradients(ranks):
     """The lab's reference MyDDP and allreduce_gradients give DDP's gradients after every
-    step, on both ranks (atol GRAD_ATOL, rtol GRAD_RTOL), and DDP's buckets, on every run."""
-    for run in ranks["reference"]:
+    step, on both ranks (atol GRAD_ATOL, rtol GRAD_RTOL), and DDP's buckets, on every run
+    (the lab's and the drawn ones)."""
+    runs = list(ranks["reference"]["live"])
+    for seed in SEEDS:
+        runs += list(zip(*ranks["reference"]["graded"][seed]))
+    for run in runs:
         for r in run:
             assert r["student_buckets"] == r["ddp_buckets"]
             for variant in ("bucketed", "per_param"):
@@ -729,11 +872,11 @@ def test_reference_wrapper_matches_ddp_gradients(ranks):
 @pytest.mark.parametrize("name", sorted(STUDENT_FILES))
 @pytest.mark.slow
 def test_self_checks_on_the_labs_runs(name, ranks):
-    """The visible self-checks, on the same runs (DDP beside the student's code), pass
+    """The visible self-checks, on the lab's runs (DDP beside the student's code), pass
     the right files and stop the wrong ones at the check that names the mistake."""
     failing = STUDENT_FILES[name][1]
     for gid in CHECKS:
-        ns = _lab_globals(ranks[name], name)
+        ns = _lab_globals(ranks, name)
         probe = split_check(LAB.cells[gid]).probe
         if gid in failing:
             with pytest.raises(AssertionError):
@@ -751,14 +894,15 @@ def test_assignment_cases_and_torch_rule(seed):
     them, and the 'own bucket' and 'no first cap' rules each miss some."""
     import random
 
-    grader = _grader("check_my_ddp")
-    cases = grader["lab06_assignment_cases"](random.Random(seed))
+    from perflab.course.references.lab06 import assignment_cases, torch_assignment
+
+    cases = assignment_cases(random.Random(seed))
     assert len(cases) >= 6 and any(c["first_cap"] is not None for c in cases)
     own_shared = 0
     for c in cases:
         b, cap = c["param_bytes"], c["cap"]
         assert any(b[i] < cap < b[i + 1] for i in range(len(b) - 1)), c
-        want = grader["lab06_torch_assignment"](c)
+        want = torch_assignment(c)
         where = {i: k for k, bucket in enumerate(want) for i in bucket}
         own_shared += any(b[i] < cap < b[i + 1] and where[i] == where[i + 1]
                           for i in range(len(b) - 1))
@@ -768,7 +912,7 @@ def test_assignment_cases_and_torch_rule(seed):
     for name in ("own_bucket", "no_first_cap", "strict_cap"):
         mod = _student_module(name)
         assert any(mod.bucket_assignment(c["param_bytes"], c["cap"], c["first_cap"])
-                   != grader["lab06_torch_assignment"](c) for c in cases), (name, seed)
+                   != torch_assignment(c) for c in cases), (name, seed)
 
 
 def _assignment_verdict(src: str, seed=0):
@@ -781,10 +925,11 @@ def _assignment_verdict(src: str, seed=0):
 
     from perflab.course.cases import judge_answers
     from perflab.course.checks import graded_functions, graded_probe, parse_facts
+    from perflab.course.references.lab06 import assignment_cases
 
     check = split_check(LAB.cells["check_my_ddp"])
     _, judge = graded_functions(check.graded, "check_my_ddp")
-    cases = _grader("check_my_ddp")["lab06_assignment_cases"](random.Random(seed))
+    cases = assignment_cases(random.Random(seed))
     mod = types.ModuleType("ddp_student")
     exec(compile(src, "ddp_student.py", "exec"), mod.__dict__)  # noqa: S102
     ns, out = {"__name__": "__main__", "ddp_student": mod}, io.StringIO()
@@ -837,12 +982,13 @@ def test_bucket_check_states_what_it_forbids():
 
 def test_assignment_examples_are_torchs():
     """The three examples of the exercise text are what torch's rule gives."""
-    grader = _grader("check_my_ddp")
+    from perflab.course.references.lab06 import torch_assignment
+
     for b, cap, first, want in [([32, 1024, 128, 4096, 128, 2048], 1184, None, [[0, 1, 2], [3], [4, 5]]),
                                 ([100, 500, 100, 100], 200, None, [[0, 1], [2, 3]]),
                                 ([100] * 5, 300, 100, [[0], [1, 2, 3], [4]])]:
         case = {"param_bytes": b, "cap": cap, "first_cap": first}
-        assert grader["lab06_torch_assignment"](case) == want
+        assert torch_assignment(case) == want
 
 
 def test_own_bucket_file_fails_the_visible_example():
@@ -879,13 +1025,67 @@ def test_wrapper_table_rows_and_its_error():
         wrapper_table([{}], SimulatedLink.preset("1gbe"))
 
 
+def _grade_edited(tmp_path, edits: dict[str, tuple[str, str]]):
+    """Grade Lab 06 once in the sandbox with answer cells edited (``{grade_id: (old,
+    new)}``), every other answer the reference's. Returns ``(grade, {grade_id: check})``.
+    (:func:`tests.labs.labcheck.grade_wrong` for more than one cell.)"""
+    import shutil
+
+    import nbformat
+
+    from perflab.course.grading import grade_submissions
+    from perflab.course.submission import Limits
+
+    ref, subs = tmp_path / "reference", tmp_path / "subs"
+    ref.mkdir()
+    shutil.copy(LAB.path, ref / LAB.path.name)
+    nb = nbformat.read(str(LAB.path), as_version=4)
+    for gid, (old, new) in edits.items():
+        (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid]
+        assert old in cell.source, f"{old!r} is not in answer cell {gid}"
+        cell.source = cell.source.replace(old, new)
+    (subs / "wrong").mkdir(parents=True)
+    nbformat.write(nb, str(subs / "wrong" / LAB.path.name))
+    (grade,) = grade_submissions(subs, ref, limits=Limits(cell_timeout_s=600, wall_timeout_s=1200),
+                                 jobs=2)   # one thread for the sandbox, as grade_wrong
+    return grade, {c.grade_id: c for c in grade.checks}
+
+
+#: An answer cell before the lab's launch that makes the notebook's launch run a right
+#: copy of the file (``ddp_copied.py``) instead of the student's wrong ``ddp_student.py``:
+#: the notebook's records (``checked``) are then a right file's.
+_REDIRECT = (
+    "import pathlib\n"
+    f"pathlib.Path('ddp_copied.py').write_text({_REF!r})\n"
+    "_real_launch = launch_fn\n"
+    "def launch_fn(fn, world_size, *, args=(), **kwargs):\n"
+    "    args = tuple('ddp_copied' if a == 'ddp_student' else a for a in args)\n"
+    "    return _real_launch(fn, world_size, args=args, **kwargs)\n")
+
+
 @slow
 def test_lab06_graded_in_the_sandbox(tmp_path):
     """The real Lab 06 graded as a submission: the %%writefile answer is written in the
-    sandbox's scratch folder and imported by the spawned ranks; every other answer
-    is the reference's and passes; a MyDDP that closes buckets only strictly over the cap loses check_my_ddp only."""
-    g, wrong = grade_wrong(LAB.path, tmp_path, "ddp_file", "if size >= cap:",
-                                         "if size > cap:")
+    sandbox's scratch folder and imported by the ranks the graded call spawns. Its
+    per-parameter allreduce, MyDDP and fp16 hook each sum instead of averaging: they
+    lose the three data-parallel checks on the drawn runs, though an answer cell made
+    the notebook's own launch run a right copy (its records are what the checks judged
+    before issue 43, and passed). Every other answer is the reference's and passes."""
+    file_edits = (("            p.grad.div_(world_size)          # ... then the average\n", ""),
+                  ("            flat.div_(dist.get_world_size())\n", ""),
+                  ("bucket.buffer().to(torch.float16).div_(group.size())",
+                   "bucket.buffer().to(torch.float16)"))
+    wrong_file = LAB.solution("ddp_file")
+    for old, new in file_edits:
+        assert old in wrong_file
+        wrong_file = wrong_file.replace(old, new)
+    predict = LAB.solution("predict_overlap")
+    g, got = _grade_edited(tmp_path, {"ddp_file": (LAB.solution("ddp_file"), wrong_file),
+                                      "predict_overlap": (predict, predict + "\n" + _REDIRECT)})
     assert g.max_points == notebook_points(LAB.path) > 0
-    assert wrong["check_my_ddp"].status == "failed" and wrong["check_my_ddp"].points == 0
-    assert all(c.status == "passed" for gid, c in wrong.items() if gid != "check_my_ddp")
+    for gid in CHECKS:
+        assert got[gid].status == "failed" and got[gid].points == 0, (gid, got[gid].message)
+        assert got[gid].message.startswith("hidden case 1/"), (gid, got[gid].message)
+        assert "not the ranks' mean gradient" in got[gid].message, (gid, got[gid].message)
+    assert all(c.status == "passed" for gid, c in got.items() if gid not in CHECKS), (
+        {gid: c.message for gid, c in got.items() if c.status != "passed"})

@@ -177,7 +177,8 @@ def assignment_cases(rng) -> list[dict[str, Any]]:
         sizes[at + 1] = cap + 4 * rng.randint(1, cap // 2)           # ... then over the cap
         if k == 3:  # a first bucket of one small parameter, closed by the first-bucket cap
             sizes[0] = 4 * rng.randint(1, cap // 16)
-        first_cap = [None, None, cap // 4, sizes[0], 2 * cap, cap, None, 4 * rng.randint(1, cap // 8)][k]
+        first_cap = [None, None, cap // 4, sizes[0], 2 * cap, cap, None,
+                     4 * rng.randint(1, cap // 8)][k]
         cases.append({"param_bytes": sizes, "cap": cap, "first_cap": first_cap})
     return cases
 
@@ -221,12 +222,14 @@ def judge_per_param(runs: list, records: Any) -> None:
                         if p.requires_grad)
         want, _ = mean_grads(run)
         for rank, rec in enumerate(ranks):
-            assert rec["error"] is None, f"{run}, rank {rank}: allreduce_gradients raised {rec['error']}"
+            where = f"{run}, rank {rank}"
+            assert rec["error"] is None, f"{where}: allreduce_gradients raised {rec['error']}"
             same_grads(rec["grads"], want, rank, rtol=1e-5)
             for step, calls in enumerate(_steps_of_calls(rec, run, rank), start=1):
-                assert sorted(c["numel"] for c in calls) == numels, (
-                    f"{run}, rank {rank}, step {step}: allreduces of {[c['numel'] for c in calls]} "
-                    f"elements, one per parameter is {numels}")
+                sent = [c["numel"] for c in calls]
+                assert sorted(sent) == numels, (
+                    f"{where}, step {step}: allreduces of {sent} elements, one per parameter "
+                    f"is {numels}")
 
 
 def judge_bucketed(runs: list, records: Any) -> None:
@@ -240,18 +243,19 @@ def judge_bucketed(runs: list, records: Any) -> None:
         bucket_numels = [sum(numels[i] for i in b) for b in buckets]
         want, _ = mean_grads(run)
         for rank, rec in enumerate(ranks):
-            assert rec["error"] is None, f"{run}, rank {rank}: MyDDP raised {rec['error']}"
-            assert not rec["wraps_ddp"], f"{run}, rank {rank}: MyDDP built or holds a DistributedDataParallel"
-            assert rec["buckets"] == buckets, (
-                f"{run}, rank {rank}: buckets {rec['buckets']}, DDP's are {buckets}")
+            where = f"{run}, rank {rank}"
+            assert rec["error"] is None, f"{where}: MyDDP raised {rec['error']}"
+            assert not rec["wraps_ddp"], f"{where}: MyDDP built or holds a DistributedDataParallel"
+            assert rec["buckets"] == buckets, f"{where}: buckets {rec['buckets']}, DDP's are {buckets}"
             same_grads(rec["grads"], want, rank, rtol=1e-5)
             for step, calls in enumerate(_steps_of_calls(rec, run, rank), start=1):
-                assert [c["numel"] for c in calls] == bucket_numels, (
-                    f"{run}, rank {rank}, step {step}: allreduces of {[c['numel'] for c in calls]} "
-                    f"elements, one per bucket in order is {bucket_numels}")
-                assert all(c["async_op"] for c in calls), f"{run}, rank {rank}, step {step}: a blocking allreduce"
+                sent = [c["numel"] for c in calls]
+                assert sent == bucket_numels, (
+                    f"{where}, step {step}: allreduces of {sent} elements, one per bucket in "
+                    f"order is {bucket_numels}")
+                assert all(c["async_op"] for c in calls), f"{where}, step {step}: a blocking allreduce"
                 assert all(c["in_backward"] for c in calls), (
-                    f"{run}, rank {rank}, step {step}: an allreduce started after backward")
+                    f"{where}, step {step}: an allreduce started after backward")
 
 
 def judge_fp16(runs: list, records: Any) -> None:
@@ -267,16 +271,16 @@ def judge_fp16(runs: list, records: Any) -> None:
                          for b in ddp_buckets(run["sizes"], run["bucket_cap_mb"], run["edges"])]
         want, scales = mean_grads(run, fp16=True)
         for rank, rec in enumerate(ranks):
-            assert rec["error"] is None, f"{run}, rank {rank}: my_fp16_hook raised {rec['error']}"
-            assert not rec["delegates"], (
-                f"{run}, rank {rank}: my_fp16_hook is or calls torch's fp16_compress_hook")
+            where = f"{run}, rank {rank}"
+            assert rec["error"] is None, f"{where}: my_fp16_hook raised {rec['error']}"
+            assert not rec["delegates"], f"{where}: my_fp16_hook is or calls torch's fp16_compress_hook"
             for step, calls in enumerate(_steps_of_calls(rec, run, rank), start=1):
-                assert sum(c["numel"] for c in calls) == sum(numels), (
-                    f"{run}, rank {rank}, step {step}: allreduces of {[c['numel'] for c in calls]} elements")
+                sent = [c["numel"] for c in calls]
+                assert sum(sent) == sum(numels), f"{where}, step {step}: allreduces of {sent} elements"
                 assert all(c["dtype"] == "float16" and c["nbytes"] == 2 * c["numel"] for c in calls), (
-                    f"{run}, rank {rank}, step {step}: sent {[c['dtype'] for c in calls]}, not float16")
+                    f"{where}, step {step}: sent {[c['dtype'] for c in calls]}, not float16")
                 if step > 1:
-                    assert [c["numel"] for c in calls] == bucket_numels, (
-                        f"{run}, rank {rank}, step {step}: allreduces of {[c['numel'] for c in calls]} "
-                        f"elements, DDP's buckets hold {bucket_numels}")
+                    assert sent == bucket_numels, (
+                        f"{where}, step {step}: allreduces of {sent} elements, DDP's buckets "
+                        f"hold {bucket_numels}")
             same_grads(rec["grads"], want, rank, rtol=3e-3, scales=scales)

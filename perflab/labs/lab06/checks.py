@@ -8,9 +8,13 @@
   torch's default ``allreduce_hook`` does;
 * :func:`compare_rank`: train the same seeded MLP with the student's per-parameter
   allreduce, the student's bucketed wrapper, DDP with the student's fp16 hook and plain
-  DDP; return the facts Lab 06's checks grade;
+  DDP; return the facts Lab 06's self-checks show (and, the student's variants only,
+  what its graded launch records);
 * :func:`edge_mlp`: that MLP with DDP's edge cases (CS336 assignment 2): a weight shared
-  by two layers and a frozen bias.
+  by two layers and a frozen bias;
+* :func:`graded_records`: the ONE launch the graded checks of Exercises 2, 3 and 4 share
+  (:func:`graded_rank` on the runs the grader drew: the student's variants only), and
+  what each check reads of it.
 
 Why our own spy: the student's wrapper calls ``dist.all_reduce`` directly (DDP's own
 reducer does not go through Python), so patching that one function sees exactly the
@@ -26,11 +30,12 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from perflab.core.simulated import LinkModel, SimulatedLink
+from perflab.distributed import launch_fn
 from perflab.labs.checking import watch_calls
 from perflab.models import mlp, mlp_batches
 
 __all__ = ["record_allreduces", "bucket_recorder_hook", "compare_rank", "edge_mlp", "grads_of",
-           "GRAD_ATOL", "GRAD_RTOL"]
+           "graded_rank", "graded_records", "GRADED_VARIANTS", "GRAD_ATOL", "GRAD_RTOL"]
 
 #: Tolerances of the gradient comparison with DDP (fp32; DDP divides by world_size before
 #: the allreduce, a wrapper may divide after: the two agree to rounding).
@@ -173,7 +178,7 @@ def _train(model, step_fn, data, lr) -> tuple[list, list, list[float]]:
 
 def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float,
                  steps: int = 3, batch: int = 4, lr: float = 0.1, seed: int = 0,
-                 edges: bool = False) -> dict[str, Any]:
+                 edges: bool = False, *, with_ddp: bool = True) -> dict[str, Any]:
     """Rank body of Lab 06's checks: the student's code and DDP on the same seeded MLP.
 
     Imports ``student_module`` (the file the lab writes with ``%%writefile``) and trains
@@ -184,6 +189,9 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     ("fp16"), torch's ``fp16_compress_hook`` ("torch_fp16") and plain DDP with
     ``bucket_cap_mb`` ("ddp", its buckets recorded by :func:`bucket_recorder_hook`).
     With ``edges=True`` the model is :func:`edge_mlp` (a tied weight, a frozen bias).
+    With ``with_ddp=False`` only the student's three variants run (the graded launch:
+    the grader computes DDP's gradients and buckets on its side); ``"torch_fp16"`` and
+    ``"ddp"`` are then absent and ``"ddp_buckets"`` is empty.
 
     Returns:
         ``{variant: {"grads": [[...] per parameter] per step, "params", "losses",
@@ -192,7 +200,7 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         ``"student_buckets"``: ``MyDDP.buckets`` the same way, ``"wraps_ddp"``: whether
         the student's wrapper built or holds a DistributedDataParallel,
         ``"fp16_delegates"``: whether ``my_fp16_hook`` is or calls torch's
-        ``fp16_compress_hook``, ``"numels"``: elements per parameter, ``"errors"``:
+        ``fp16_compress_hook``, ``"numels"``: elements per parameter,
         ``"requires_grad"``: per parameter, ``"errors"``:
         ``{variant: "Type: message"}`` for each variant whose student code raised (its
         lists are then empty; both ranks raise alike, so the launch goes on).
@@ -267,7 +275,8 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
     out["requires_grad"] = [p.requires_grad for p in inner.parameters()]
 
     torch_hook = default_hooks.fp16_compress_hook
-    for name, hook in (("fp16", student.my_fp16_hook), ("torch_fp16", torch_hook)):
+    hooks = (("fp16", student.my_fp16_hook), ("torch_fp16", torch_hook))
+    for name, hook in hooks if with_ddp else hooks[:1]:
         ddp = DDP(build(sizes, seed), bucket_cap_mb=bucket_cap_mb)
         ddp.register_comm_hook(None, hook)
         if name == "fp16":  # torch's hook reached while the student's runs, however named
@@ -277,6 +286,9 @@ def compare_rank(student_module: str, sizes: Sequence[int], bucket_cap_mb: float
         else:
             run(name, ddp.module, _ddp_step(ddp, loss_fn))
     out["fp16_delegates"] = student.my_fp16_hook is torch_hook or bool(delegated)
+    if not with_ddp:
+        out["ddp_buckets"], out["ddp_bucket_index"] = [], []
+        return out
 
     ddp = DDP(build(sizes, seed), bucket_cap_mb=bucket_cap_mb)
     seen: list = []
@@ -300,3 +312,82 @@ def _ddp_step(ddp, loss_fn):
         loss.backward()  # DDP's reducer has waited for every bucket when this returns
         return loss
     return step
+
+
+#: The student's variants of :func:`compare_rank` the graded checks judge: Exercise 2's
+#: ``allreduce_gradients``, Exercise 3's ``MyDDP``, Exercise 4's ``my_fp16_hook``.
+GRADED_VARIANTS = ("per_param", "bucketed", "fp16")
+#: What a graded check's judge reads of a variant's records (an all-reduce record: its
+#: size, dtype, bytes, ``async_op`` and whether backward was running).
+_CALL_KEYS = ("numel", "dtype", "nbytes", "async_op", "in_backward")
+#: The graded checks' shared launch in this process: the runs the first graded check
+#: drew, their seal, and every rank's records (``[rank][run]``).
+_GRADED_LAUNCH: dict[str, Any] = {}
+
+
+def graded_rank(student_module: str, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank body of the graded launch: :func:`compare_rank` of ``student_module`` on each
+    run (``{"sizes", "bucket_cap_mb", "steps", "batch", "lr", "seed", "edges"}``, as the
+    grader drew it), the student's variants only (``with_ddp=False``)."""
+    return [compare_rank(student_module, r["sizes"], r["bucket_cap_mb"], r["steps"], r["batch"],
+                         r["lr"], r["seed"], r["edges"], with_ddp=False) for r in runs]
+
+
+def _variant_record(rec: dict[str, Any], variant: str) -> dict[str, Any]:
+    """A judge's view of one rank's :func:`compare_rank` result for ``variant``."""
+    mine = rec.get(variant, {})
+    out = {"grads": mine.get("grads", []),
+           "calls": [[{k: c.get(k) for k in _CALL_KEYS} for c in step]
+                     for step in mine.get("calls", [])],
+           "error": rec["errors"].get(variant)}
+    if variant == "bucketed":
+        out.update(buckets=rec["student_buckets"], wraps_ddp=rec["wraps_ddp"])
+    elif variant == "fp16":
+        out["delegates"] = rec["fp16_delegates"]
+    return out
+
+
+def graded_records(case: dict[str, Any] | None, variant: str,
+                   student_module: str = "ddp_student", world_size: int = 2,
+                   timeout_s: float = 300) -> dict[str, Any]:
+    """The records of one variant of the student's file on the graded runs, from ONE
+    launch that Lab 06's graded checks share (starting 2 ranks costs seconds): what their
+    ``student_answer`` returns.
+
+    The first graded check (Exercise 2's) passes its ``case`` (``{"runs", "seal"}``, drawn
+    and sealed by the grader): the call starts ``world_size`` gloo ranks running
+    :func:`graded_rank` on the runs and keeps their records in this process, replacing
+    any earlier ones. The checks after it pass ``case`` None and read those records, with
+    the runs and the seal that came with them (the grader's judge verifies the seal: the
+    runs are the ones it drew).
+
+    Args:
+        case: the first check's case, or None (the launch already made here).
+        variant: one of :data:`GRADED_VARIANTS`.
+
+    Returns:
+        ``{"runs", "seal", "records": [run][rank] record}``; a record is ``{"grads": [step]
+        [parameter] flat list, "calls": [step][all_reduce record], "error": "Type: message"
+        or None}``, plus ``"buckets"`` (``MyDDP.buckets`` as parameter indices) and
+        ``"wraps_ddp"`` for ``"bucketed"``, ``"delegates"`` (torch's fp16 hook ran) for
+        ``"fp16"``.
+
+    Raises:
+        ValueError: an unknown variant.
+        RuntimeError: ``case`` is None and no graded launch was made in this process.
+        perflab.distributed.RankFailedError, LaunchTimeoutError: as ``launch_fn``.
+    """
+    if variant not in GRADED_VARIANTS:
+        raise ValueError(f"variant must be one of {GRADED_VARIANTS}, got {variant!r}")
+    if case is not None:   # the first check: always a fresh launch (never an older file's records)
+        _GRADED_LAUNCH.clear()
+        ranks = launch_fn(graded_rank, world_size, args=(student_module, list(case["runs"])),
+                          device="cpu", timeout_s=timeout_s)
+        _GRADED_LAUNCH.update(runs=case["runs"], seal=case.get("seal"), ranks=ranks)
+    if not _GRADED_LAUNCH:
+        raise RuntimeError("no graded data-parallel launch ran in this process: the check of "
+                           "Exercise 2 (check_per_param) starts it; run that check first")
+    ranks = _GRADED_LAUNCH["ranks"]
+    records = [[_variant_record(r[k], variant) for r in ranks]
+               for k in range(len(_GRADED_LAUNCH["runs"]))]
+    return {"runs": _GRADED_LAUNCH["runs"], "seal": _GRADED_LAUNCH["seal"], "records": records}
