@@ -6,6 +6,9 @@ import from here; the grading sandbox covers this folder with an empty tmpfs
 leaves ``perflab/course/`` out, so a submission cannot answer an exercise by calling
 the reference that judges it.
 
+* :mod:`perflab.course.references.lab06`: the mean gradients of a drawn DDP run, DDP's
+  buckets (torch's own assignment) and fp16 rounding, what the student's three DDP
+  variants must give on the runs the grader draws.
 * :mod:`perflab.course.references.lab07`: the all-gather of one float per rank and the
   b_r / B loss weighting (also what instructors' recording runs use).
 * :mod:`perflab.course.references.lab09`: single-process AdamW, what every ZeRO /
