@@ -27,7 +27,8 @@ def _edit(nb, gid, src):
 @slow
 @pytest.mark.parametrize("lab, copies, gid, wrong, check", [
     # (a wrong my_samples_per_s would also fail check_throughput, which uses it)
-    ("00", 3, "throughput", "my_throughput = config.batch_size * result.step.median",
+    ("00", 3, "throughput",
+     "def my_throughput(batch_size, step):\n    return batch_size * step.median",
      "check_throughput"),
     # Lab 07 grades a live 2-rank verdict; one reference graded side by side with the
     # wrong answer (about a minute each to grade) keeps CI short; Lab 00 above is the one

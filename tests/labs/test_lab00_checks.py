@@ -4,8 +4,6 @@ reference solution passes at several seeds, wrong answers fail, and a function w
 to pass the exercise's examples only fails on the hidden cases."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from tests.labs.labcheck import Lab
@@ -47,28 +45,85 @@ def test_wrong_samples_per_s_fails(ns, name):
     assert not verdict.passed and verdict.message.startswith("hidden case"), verdict
 
 
-def _run_ns(times=(0.10, 0.12, 0.11, 0.5, 0.09)):
-    import statistics
-
-    step = SimpleNamespace(times_s=tuple(times), median=statistics.median(times))
-    return {"config": SimpleNamespace(batch_size=32), "result": SimpleNamespace(step=step),
-            "my_samples_per_s": lambda b, s: b / s}
+def _with_samples_per_s() -> dict:
+    scope = {"__name__": "__main__"}
+    LAB.run_code(scope, LAB.solution("samples_per_s"))
+    return scope
 
 
-def test_throughput_right_and_wrong():
-    scope = _run_ns()
+#: Exercise 2 written differently from the reference: it passes.
+HONEST_THROUGHPUT = """
+import statistics
+def my_throughput(batch_size, step):
+    return float(batch_size) / statistics.median(list(step.times_s))
+"""
+
+#: Exercise 2 answers that must fail on the hidden measurements.
+WRONG_THROUGHPUT = {
+    "the first step": "def my_throughput(batch_size, step):\n"
+                      "    return my_samples_per_s(batch_size, step.times_s[0])",
+    "the mean step": "def my_throughput(batch_size, step):\n"
+                     "    return my_samples_per_s(batch_size, step.mean)",
+    "inverted": "def my_throughput(batch_size, step):\n    return step.median / batch_size",
+    "the middle of the unsorted times": (
+        "def my_throughput(batch_size, step):\n"
+        "    return my_samples_per_s(batch_size, step.times_s[len(step.times_s) // 2])"),
+    # perflab's own figure needs the batch size inside the Measurement: None here
+    "the measurement's own samples_per_s": ("def my_throughput(batch_size, step):\n"
+                                            "    return step.samples_per_s"),
+    "the example only": "def my_throughput(batch_size, step):\n    return 32 / 0.11",
+}
+
+#: The old exercise's cheat (issue 43): an answer cell that fabricates the run's record
+#: and a throughput that agrees with it. The old check read `my_throughput`,
+#: `config.batch_size` and `result.step.times_s` from the notebook and recomputed
+#: 32 / median(0.032, 0.032, 0.032) = 1000 from them: it passed, whatever the run
+#: measured. The check now calls the function on measurements it draws itself.
+FABRICATED = """
+from types import SimpleNamespace
+result = SimpleNamespace(step=SimpleNamespace(times_s=(0.032, 0.032, 0.032), median=0.032))
+config = SimpleNamespace(batch_size=32)
+def my_throughput(batch_size, step):
+    return 1000.0
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_throughput_reference_passes_at_any_seed(seed):
+    scope = _with_samples_per_s()
     LAB.run_code(scope, LAB.solution("throughput"))
-    assert LAB.judge(scope, "check_throughput").passed
-    for wrong in ["my_throughput = 32 / 0.10",                       # the first step
-                  "my_throughput = 32 / (sum(result.step.times_s) / 5)",  # the mean
-                  "my_throughput = result.step.median / 32"]:
-        scope = _run_ns()
-        LAB.run_code(scope, wrong)
-        verdict = LAB.judge(scope, "check_throughput")
-        assert not verdict.passed, wrong
-    short = _run_ns(times=(0.1, 0.1))
-    LAB.run_code(short, LAB.solution("throughput"))
-    assert not LAB.judge(short, "check_throughput").passed  # never passes on too few steps
+    verdict = LAB.judge(scope, "check_throughput", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_throughput_honest_variant_passes():
+    verdict = LAB.verdict(_with_samples_per_s(), HONEST_THROUGHPUT, "check_throughput")
+    assert verdict.passed, verdict.message
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_THROUGHPUT) + ["fabricated record"])
+def test_wrong_throughput_fails(name):
+    code = WRONG_THROUGHPUT.get(name, FABRICATED)
+    verdict = LAB.verdict(_with_samples_per_s(), code, "check_throughput")
+    assert not verdict.passed and verdict.message.startswith("hidden case"), (name, verdict)
+
+
+def test_throughput_is_graded_on_drawn_measurements_not_the_run():
+    """The graded call reads no record of the notebook's run (issue 43): its cases are
+    measurements the grader draws (one slow step each, odd and even counts), and its
+    answer is the student's function on them."""
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions, split_check
+
+    graded = split_check(LAB.cells["check_throughput"]).graded
+    for name in ("result", "config", "my_throughput ="):
+        assert name not in graded.answer_source.replace("my_throughput(", ""), name
+    cases_fn, _ = graded_functions(graded, "check_throughput")
+    cases = draw_cases(cases_fn, "grade:ada")
+    assert len(cases) >= 5 and {len(c["times_s"]) % 2 for c in cases} == {0, 1}
+    for c in cases:
+        times = sorted(c["times_s"])
+        assert times[-1] > 2 * times[len(times) // 2]   # a slow step the mean would follow
 
 
 def test_the_course_map_names_every_lab():

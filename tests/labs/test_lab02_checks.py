@@ -191,16 +191,41 @@ class MyPrefetcher:
         return out''',
 }
 
+def _fix(body: str) -> str:
+    """An Exercise 4 answer: ``my_fix_pipeline`` returning ``body``."""
+    return f"def my_fix_pipeline(slow_config):\n    return {body}\n"
+
+
+#: The old exercise's cheat (issue 43): the answer cell rewrites `slow`, the record the
+#: old check compared `my_fixed` with, so that a config with a smaller batch looks like
+#: an unchanged one (the old check read `my_fixed` and `slow` from the notebook: it
+#: passed). The check now calls the function on configurations it draws itself.
+_FABRICATED_SLOW = (
+    'my_fixed = slow.replace(decoded_cache="memory", device_prefetch=True, batch_size=8)\n'
+    'slow = my_fixed.replace(decoded_cache="off", device_prefetch=False)\n'
+    'def my_fix_pipeline(slow_config):\n    return my_fixed\n')
+
 WRONG_FIXED = {
-    "no decoded cache": 'my_fixed = slow.replace(device_prefetch=True, num_workers=2, persistent_workers=True)',
-    "the disk fixed instead": ('my_fixed = slow.replace(decoded_cache="memory", device_prefetch=True, '
-                               'storage_latency_ms=0.0)'),
-    "a cache, nothing ahead": 'my_fixed = slow.replace(decoded_cache="memory")',
-    "a smaller batch": ('my_fixed = slow.replace(decoded_cache="memory", device_prefetch=True, '
-                        'batch_size=8)'),
-    "the bound itself": ('my_fixed = slow.replace(decoded_cache="memory", device_prefetch=True, '
-                         'compute_only=True)'),
-    "not a RunConfig": 'my_fixed = {"decoded_cache": "memory", "device_prefetch": True}',
+    "no decoded cache": _fix('slow_config.replace(device_prefetch=True, num_workers=2, '
+                             'persistent_workers=True)'),
+    "the disk fixed instead": _fix('slow_config.replace(decoded_cache="memory", '
+                                   'device_prefetch=True, storage_latency_ms=0.0)'),
+    "a cache, nothing ahead": _fix('slow_config.replace(decoded_cache="memory")'),
+    "a smaller batch": _fix('slow_config.replace(decoded_cache="memory", device_prefetch=True, '
+                            'batch_size=8)'),
+    "fewer steps": _fix('slow_config.replace(decoded_cache="memory", device_prefetch=True, '
+                        'steps=5)'),
+    "the bound itself": _fix('slow_config.replace(decoded_cache="memory", device_prefetch=True, '
+                             'compute_only=True)'),
+    "not a RunConfig": _fix('{"decoded_cache": "memory", "device_prefetch": True}'),
+    # right for this lab's `slow` (no workers), an invalid config for one that has some
+    "no workers, prefetch_factor kept": _fix(
+        'slow_config.replace(decoded_cache="memory", device_prefetch=True, num_workers=0, '
+        'persistent_workers=False)'),
+    # not a function of its input: the notebook's own `slow`, fixed
+    "the notebook's slow, whatever the input": _fix(
+        'slow.replace(decoded_cache="memory", device_prefetch=True)'),
+    "a fabricated slow record": _FABRICATED_SLOW,
 }
 
 #: One honest answer per check, written differently from the reference: it passes.
@@ -246,9 +271,11 @@ class MyPrefetcher:
         out = self.pending
         self._stage()
         return out'''),
-    "check_fixed_pipeline": ("a memory-mapped cache fed by workers",
-                          'my_fixed = slow.replace(decoded_cache="mmap", num_workers=2, '
-                          'persistent_workers=True, prefetch_factor=2)'),
+    "check_fixed_pipeline": ("a memory-mapped cache fed by workers", '''
+def my_fix_pipeline(given):
+    knobs = dict(decoded_cache="mmap", num_workers=max(2, given.num_workers),
+                 persistent_workers=True, prefetch_factor=2)
+    return given.replace(**knobs)'''),
     "check_prefetcher_streams": ("an event instead of wait_stream, `with stream:`, .cuda()", '''
 class MyPrefetcher:
     def __init__(self, batches, device, prepare=None):
@@ -365,13 +392,31 @@ def test_wrong_answer_fails(ns, check, name, code):
 
 
 def test_fixed_pipeline_measures_nothing_in_grading():
-    """The check of Exercise 4 reads two configurations; the interleaved measurement it
-    used to run sits in a grading-skip cell now."""
+    """The check of Exercise 4 calls the student's function on configurations it draws;
+    the interleaved measurement it used to run sits in a grading-skip cell now."""
     from perflab.course.checks import split_check
     check = split_check(LAB.cells["check_fixed_pipeline"])
     assert "run_interleaved" not in check.probe + check.graded.answer_source
     shown = next(c for c in LAB.nb.cells if "fixed_result, fixed_bound = run_interleaved" in c.source)
     assert "grading-skip" in shown.metadata.get("tags", [])
+
+
+def test_fixed_pipeline_is_graded_on_drawn_configurations():
+    """The graded call reads no configuration of the notebook (issue 43): it calls
+    my_fix_pipeline on slow-storage configurations the grader draws, one of them with
+    workers, a prefetch factor and persistent workers already set."""
+    from perflab import RunConfig
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions, split_check
+
+    graded = split_check(LAB.cells["check_fixed_pipeline"]).graded
+    assert "slow" not in graded.answer_source and "my_fixed" not in graded.answer_source
+    cases_fn, _ = graded_functions(graded, "check_fixed_pipeline")
+    for seed in (0, 1, "grade:ada"):
+        configs = [RunConfig(**c) for c in draw_cases(cases_fn, seed)]
+        assert len(configs) >= 4 and all(c.storage_latency_ms > 0 for c in configs)
+        assert any(c.num_workers and c.prefetch_factor and c.persistent_workers for c in configs)
+        assert len({(c.batch_size, c.storage_latency_ms) for c in configs}) == len(configs)
 
 
 def test_every_lab02_check_has_wrong_answers():

@@ -202,10 +202,23 @@ def saved_bytes(model, x, y, dtype=None):
         seen.pop(t.untyped_storage().data_ptr(), None)
     return int(sum(seen.values()))
 '''
+_KINDS_BY_NAME = '''
+def my_fp32_kinds(trace):
+    kinds = []
+    for op, dtype in trace:
+        if str(dtype) != "torch.float32":
+            continue
+        for kind, words in [("loss", ("softmax", "nll_loss")), ("convolution", ("convolution",)),
+                            ("activation", ("relu", "gelu", "silu")),
+                            ("normalization", ("batch_norm", "layer_norm", "group_norm"))]:
+            if kind not in kinds and any(w in op for w in words):
+                kinds.append(kind)
+    return kinds
+'''
 #: check -> an honest answer written differently from the reference
 HONEST = {"check_amp_step": _STEP_ZERO_FIRST,
           "check_dispatch_trace": _TRACE_PYTREE,
-          "check_fp32_kind": 'my_fp32_kind = "loss"',
+          "check_fp32_kind": _KINDS_BY_NAME,
           "check_loss_scaling": _GRADS_AUTOGRAD,
           "check_saved_bytes": _SAVED_POP_PARAMS}
 
@@ -504,6 +517,31 @@ def saved_bytes(model, x, y, dtype=None):
         return perflab.saved_activation_bytes(model, x, y).nbytes
 '''
 
+_FP32_WORDS = '''
+WORDS = {"convolution": ("convolution",), "normalization": ("batch_norm", "layer_norm", "group_norm"),
+         "activation": ("relu", "gelu", "silu"), "loss": ("softmax", "nll_loss")}
+def kind_of(op):
+    return next((k for k, ws in WORDS.items() if any(w in op for w in ws)), None)
+'''
+_FP32_ALWAYS_LOSS = 'def my_fp32_kinds(trace):\n    return ["loss"]\n'
+_FP32_ANY_DTYPE = _FP32_WORDS + '''
+def my_fp32_kinds(trace):
+    return sorted({kind_of(op) for op, dtype in trace} - {None})
+'''
+_FP32_NOT_BF16 = _FP32_WORDS + '''
+def my_fp32_kinds(trace):
+    return sorted({kind_of(op) for op, dtype in trace if dtype != torch.bfloat16} - {None})
+'''
+_FP32_FIRST_ONLY = _FP32_WORDS + '''
+def my_fp32_kinds(trace):
+    kinds = [kind_of(op) for op, dtype in trace if dtype == torch.float32 and kind_of(op)]
+    return kinds[:1]
+'''
+_FP32_LAST_OP = _FP32_WORDS + '''
+def my_fp32_kinds(trace):
+    return [kind_of(trace[-1][0])] if trace[-1][1] == torch.float32 else []
+'''
+
 #: name -> (the check it must fail, the wrong answer)
 WRONG = {
     "step without autocast": ("check_amp_step", _NO_AUTOCAST_STEP),
@@ -521,8 +559,13 @@ WRONG = {
     "trace skips ops returning tuples": ("check_dispatch_trace", _TRACE_TENSORS_ONLY),
     "trace records the last float output": ("check_dispatch_trace", _TRACE_LAST_OUTPUT),
     "trace always in bf16 (the example only)": ("check_dispatch_trace", _TRACE_ALWAYS_BF16),
-    "fp32 kind: normalization": ("check_fp32_kind", 'my_fp32_kind = "normalization"'),
-    "fp32 kind: not a kind": ("check_fp32_kind", 'my_fp32_kind = "softmax"'),
+    # the old exercise's answer (issue 43): one word about this lab's model, "loss", passed
+    # whatever the student's code did; now the function meets traces where more stayed
+    "fp32 kinds: always the loss": ("check_fp32_kind", _FP32_ALWAYS_LOSS),
+    "fp32 kinds: every kind in the trace": ("check_fp32_kind", _FP32_ANY_DTYPE),
+    "fp32 kinds: not bf16 (the example only)": ("check_fp32_kind", _FP32_NOT_BF16),
+    "fp32 kinds: the first one only": ("check_fp32_kind", _FP32_FIRST_ONLY),
+    "fp32 kinds: the last op's only": ("check_fp32_kind", _FP32_LAST_OP),
     "unscale in fp16": ("check_loss_scaling", _DIVIDE_IN_FP16),
     "model run in fp32": ("check_loss_scaling", _FP32_MODEL),
     "no unscale": ("check_loss_scaling", _NO_UNSCALE),
@@ -625,3 +668,43 @@ def test_amp_step_cases_inject_infs_and_clip_in_fp16(seed):
                                   for c in fp16)
     assert any(c["max_norm"] is not None for c in fp16)
     assert any(c["max_norm"] is None for c in fp16)
+
+
+def _fp32_verdict(code: str, seed=0):
+    """check_fp32_kind on ``code`` alone: the exercise is a function of its trace, so it
+    needs nothing of the lab's run (issue 43)."""
+    import torch
+
+    scope = {"__name__": "__main__", "torch": torch}
+    LAB.run_code(scope, code)
+    return LAB.judge(scope, "check_fp32_kind", seed=seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_fp32_kinds_are_graded_on_fresh_traces_of_drawn_networks(seed):
+    """The graded cases are dispatch traces the grader records itself, of networks it
+    draws, in bf16 and in fp16: one where only the loss stays in fp32 and others where
+    more does (a normalization or activation before the first convolution, a block run
+    with autocast disabled). The graded call reads nothing of the notebook's run; the
+    reference passes and the old exercise's constant answer, "loss", fails."""
+    from perflab.course.cases import draw_cases
+    from perflab.course.checks import graded_functions
+
+    graded = split_check(LAB.cells["check_fp32_kind"]).graded
+    for name in ("resnet_trace", "MODE", "config"):
+        assert name not in graded.answer_source, name
+    cases_fn, _ = graded_functions(graded, "check_fp32_kind")
+    cases = draw_cases(cases_fn, seed)
+    words = {"convolution": ("convolution",),
+             "normalization": ("batch_norm", "layer_norm", "group_norm"),
+             "activation": ("relu", "gelu", "silu"), "loss": ("softmax", "nll_loss")}
+    kinds = [sorted(k for k, ws in words.items()
+                    if any(w in op for op, d in case if d == "float32" for w in ws))
+             for case in cases]
+    assert ["loss"] in kinds and any(len(k) > 1 for k in kinds), kinds
+    assert {d for case in cases for _, d in case} >= {"bfloat16", "float16", "float32"}
+    verdict = _fp32_verdict(LAB.solution("my_fp32_kind"), seed)
+    assert verdict.passed, verdict.message
+    assert _fp32_verdict(_KINDS_BY_NAME, seed).passed
+    wrong = _fp32_verdict(_FP32_ALWAYS_LOSS, seed)
+    assert not wrong.passed and wrong.message.startswith("hidden case"), wrong.message
