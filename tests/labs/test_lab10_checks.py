@@ -8,8 +8,10 @@ block missing the backward all-reduce (Megatron's f), one missing the forward al
 outside its own autograd Functions (right numbers: the ranks record where each all-reduce
 came from); a ``parallel_mlp`` that does not
 parallelize; an α-β model that forgets the backward all-reduce or the ring factor; a
-2-D layout that sums the replicas' gradients or never all-reduces them, an accounting that
-shards the replicated bias or forgets the backward all-reduce; hand-written pipelines (a
+2-D layout that sums the replicas' gradients, never all-reduces them or all-reduces over
+every rank instead of the dp group, an accounting that shards the replicated bias or
+forgets the backward all-reduce; torch's plain TP plan where Exercise 8 asks for sequence
+parallelism; hand-written pipelines (a
 GPipe that never sends the gradients back, one that alternates forwards and backwards, a
 1F1B without its warm-up, a stash that never shrinks, a split that drops the blocks of a
 depth that is not a multiple of the stages, torch's schedule inside ``gpipe_step``, and a
@@ -23,9 +25,11 @@ Checks whose ``student_answer`` launches ranks (``check_tp_hand`` on 2 ranks,
 tested with ONE real launch of that many ranks that runs every variant's file on the hidden
 cases of every tested seed (:func:`_jobs_rank`); the check's own ``launch_fn`` call is then
 answered from those records (the same cases, drawn the same way), so the judge sees what the
-ranks really computed. The checks on the lab's own 4-rank TP launch (``check_tp_dtensor``,
-``check_two_d``) get the records of the 4-rank launch that runs every tp variant file on the
-lab's cases.
+ranks really computed. The checks of the student's torch answers (``check_tp_dtensor``,
+``check_two_d``, ``check_sp_dtensor``) read the same launch of ``check_tp_hand`` (issue 43:
+their inputs are drawn at grade time, never the lab's own launch's records): each has a
+wrong answer that fabricates the lab's records, which passes the visible self-check (and
+passed the old graded part, which read those records) and fails the graded part.
 """
 from __future__ import annotations
 
@@ -183,6 +187,11 @@ WRONG_DP = {
     # never talks to the other replica: each keeps its own batch's gradient
     "no_dp_allreduce": TP_GOOD.replace(
         "        dist.all_reduce(local, group=dp_group)     # in place: to_local() shares the storage\n", ""),
+    # all-reduces over every rank, not the dp group: right where dp is the world ((2, 1)),
+    # adds the other tp shard's gradient where it is not ((1, 2); the lab's (2, 2))
+    "dp_over_world": TP_GOOD.replace(
+        "        dist.all_reduce(local, group=dp_group)     # in place: to_local() shares the storage\n",
+        "        dist.all_reduce(local)     # every rank\n"),
 }
 TP_NOT_PARALLEL = TP_GOOD.replace(
     '    return parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})',
@@ -302,6 +311,33 @@ SP_TP_PLAN = TP_GOOD[:TP_GOOD.index("def parallel_block(")] + '''def parallel_bl
     return parallelize_module(block, mesh, {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
                                             "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(),
                                             "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()})
+'''
+#: Exercise 8 written differently: each submodule parallelized on its own (the norms, then
+#: attention's input and projections, then the MLP), the layouts passed without tuples.
+SP_DTENSOR_HONEST = TP_GOOD[:TP_GOOD.index("def parallel_block(")] + '''def parallel_block(block, mesh):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+    for norm in (block.ln1, block.ln2):
+        parallelize_module(norm, mesh, SequenceParallel())
+    parallelize_module(block.attn, mesh, PrepareModuleInput(input_layouts=Shard(1),
+                                                            desired_input_layouts=Replicate()))
+    parallelize_module(block.attn, mesh, {name: ColwiseParallel() for name in ("wq", "wk", "wv")})
+    parallelize_module(block.attn, mesh, {"wo": RowwiseParallel(output_layouts=Shard(1))})
+    parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(input_layouts=Shard(1)),
+                                         "2": RowwiseParallel(output_layouts=Shard(1))})
+    return block
+''' + TP_GOOD[TP_GOOD.index("def data_parallel_grads("):]
+#: Exercise 1's file calling torch's tensor parallelism at import (on the ranks): the
+#: ranks' watch covers the import too, so check_tp_hand fails although ShardedMLP is the
+#: solution's (the graded call forbids nothing: its launch also runs Exercises 2, 4 and 8).
+TP_TORCH_AT_IMPORT = TP_GOOD + '''
+
+if dist.is_initialized():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    _WARMED = parallelize_module(torch.nn.Linear(4, 4), init_device_mesh("cpu", (dist.get_world_size(),)),
+                                 ColwiseParallel())
 '''
 LAB_BLOCK_CASES = [{"d": 16, "heads": 4, "batch": 2, "seq": 8, "seed": 3, "dropout": 0.0},
                    {"d": 8, "heads": 4, "batch": 1, "seq": 4, "seed": 5, "dropout": 0.1}]
@@ -522,7 +558,9 @@ PP_DEADLOCK = PP_GOOD.replace(
 
 def test_variants_differ_from_the_solution():
     for name, text in {**WRONG_TP, **WRONG_DP, "not_parallel": TP_NOT_PARALLEL, **WRONG_SP,
-                       "sp_honest": SP_HONEST, "sp_tp_plan": SP_TP_PLAN}.items():
+                       "sp_honest": SP_HONEST, "sp_tp_plan": SP_TP_PLAN,
+                       "sp_dtensor_honest": SP_DTENSOR_HONEST,
+                       "torch_at_import": TP_TORCH_AT_IMPORT}.items():
         assert text != TP_GOOD, name
     hand = {name: text for name, (text, _, _) in WRONG_HAND.items()}
     for name, text in {**WRONG_PP, **hand, **WRONG_INTERLEAVED, "deadlock": PP_DEADLOCK,
@@ -537,9 +575,11 @@ def _jobs_rank(jobs):
 
     out = []
     for kind, module, payload, *kwargs in jobs:
-        if kind == "tp":   # check_tp_hand's hidden case: the MLP cases and (maybe) the blocks'
-            blocks = payload["blocks"]["cases"] if kwargs and kwargs[0] else []
-            out.append(tp_rank(payload["cases"], module, False, block_cases=blocks))
+        if kind == "tp":   # check_tp_hand's hidden case: the MLP cases, maybe the blocks and torch's
+            opts = kwargs[0] if kwargs else {}   # as hand_tp_on_ranks launches them
+            blocks = payload["blocks"]["cases"] if opts.get("blocks") else []
+            two_d = payload["torch"]["two_d"] if opts.get("torch") else []
+            out.append(tp_rank(payload["cases"], module, bool(opts.get("torch")), False, blocks, two_d))
         elif kind == "two_d":
             out.append(tp_rank(payload, module, True, two_d=True))
         elif kind == "block4":   # the lab's 4-rank launch, its block cases only
@@ -571,24 +611,34 @@ def _pp_runs(seed):
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """variant -> seed -> per-rank records of check_tp_hand's hidden cases (2 ranks)."""
+    """variant -> seed -> per-rank records of check_tp_hand's hidden cases (2 ranks): the
+    hand-written MLP, and the blocks and the torch answers (Exercises 2, 4, 8) where a test
+    judges them."""
     from perflab.distributed import launch_fn
 
     folder = tmp_path_factory.mktemp("lab10_students")
     files = {"tp_good": TP_GOOD, "tp_honest": TP_HONEST,
              **{f"tp_{k}": v for k, v in WRONG_TP.items()},
-             "tp_sp_honest": SP_HONEST, **{f"tp_{k}": v for k, v in WRONG_SP.items()}}
+             "tp_sp_honest": SP_HONEST, **{f"tp_{k}": v for k, v in WRONG_SP.items()},
+             "tp_not_parallel": TP_NOT_PARALLEL, **{f"tp_{k}": v for k, v in WRONG_DP.items()},
+             "tp_sp_dtensor_honest": SP_DTENSOR_HONEST, "tp_sp_tp_plan": SP_TP_PLAN,
+             "tp_torch_at_import": TP_TORCH_AT_IMPORT}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
+    # (blocks, torch's answers, the seeds): only what a test judges (each costs launch time)
+    wrong = (False, True, ["grade:ada"])
+    runs = {"tp_good": (True, True, SEEDS), "tp_honest": (False, True, SEEDS),
+            "tp_sp_honest": (True, False, [1]), "tp_sp_dtensor_honest": (True, True, [1]),
+            "tp_sp_tp_plan": (True, True, ["grade:ada"]), "tp_not_parallel": (True, True, ["grade:ada"]),
+            "tp_torch_at_import": (False, False, [0]),
+            **{f"tp_{k}": (True, False, ["grade:ada"]) for k in WRONG_SP},
+            **{f"tp_{k}": wrong for k in WRONG_DP}}
     jobs, keys = [], []
     for name in files:
-        for seed in SEEDS:
-            # the blocks only where a test judges them (each costs launch time)
-            blocks = name == "tp_good" or (name[3:] in WRONG_SP and seed == "grade:ada") or (
-                name == "tp_sp_honest" and seed == 1)
-            if name[3:] in WRONG_SP and seed != "grade:ada" or name == "tp_sp_honest" and seed != 1:
-                continue
-            jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0], blocks))
+        blocks, torch_tp, seeds = runs.get(name, (False, False, SEEDS))
+        for seed in seeds:
+            jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0],
+                         {"blocks": blocks, "torch": torch_tp and (name != "tp_honest" or seed == 1)}))
             keys.append((name, seed))
     here = os.getcwd()
     os.chdir(folder)   # the ranks import the students' files from their working folder
@@ -613,7 +663,7 @@ def launched4(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("lab10_students4")
     files = {"tp_good": TP_GOOD, "tp_honest": TP_HONEST, "tp_not_parallel": TP_NOT_PARALLEL,
-             **{f"tp_{k}": v for k, v in WRONG_DP.items()},
+             "tp_no_dp_allreduce": WRONG_DP["no_dp_allreduce"],   # the forgeries' lab records
              "pp_good": PP_GOOD, "pp_honest": PP_HONEST, **{f"pp_{k}": v for k, v in WRONG_PP.items()},
              **{f"pp_{k}": v for k, (v, _, _) in WRONG_HAND.items()}, "pp_deadlock": PP_DEADLOCK,
              **{f"pp_{k}": v for k, v in WRONG_INTERLEAVED.items()}, "sp_tp_plan": SP_TP_PLAN}
@@ -711,19 +761,28 @@ def test_ranks_record_the_students_own_all_reduces(launched):
 
 
 def test_tp_hand_states_and_forbids_torchs_tensor_parallelism():
-    """The exercise text names the forbidden APIs; the graded call forbids those that
-    resolve by name, and the ranks watch for all of them (HAND_TP_FORBIDDEN)."""
+    """The exercise text names the forbidden APIs; the ranks watch for all of them
+    (HAND_TP_FORBIDDEN) while the student's file is imported and each hand-written case
+    runs. The graded call forbids none: its one launch then runs Exercises 2, 4 and 8,
+    which use them by design."""
     from perflab.labs.checking import resolve
     from perflab.labs.lab10.ranks import HAND_TP_FORBIDDEN
 
-    forbid = split_check(NB.cells["check_tp_hand"]).graded.forbid
-    assert forbid and set(forbid) <= set(HAND_TP_FORBIDDEN)
-    for name in forbid:
+    assert not split_check(NB.cells["check_tp_hand"]).graded.forbid
+    for name in HAND_TP_FORBIDDEN[:3]:
         resolve(name)
     text = next(c.source for c in NB.nb.cells if c.cell_type == "markdown"
                 and "### Exercise 1 — `ShardedMLP`" in c.source)
     for name in HAND_TP_FORBIDDEN:
         assert name.rsplit(".", 1)[-1] in text, name
+    assert "nor when your file is imported" in text
+
+
+@slow
+def test_torch_tensor_parallelism_at_import_fails_the_hand_written_check(launched, monkeypatch):
+    verdict = _judge_launched(monkeypatch, launched, "check_tp_hand", "tp_torch_at_import", 0)
+    _fails_on_a_hidden_case(verdict)
+    assert "parallelize_module" in verdict.message, verdict.message
 
 
 @slow
@@ -743,40 +802,135 @@ def test_tp_hand_self_check_catches_the_missing_backward_reduction(launched4):
         NB.run_code(dict(ns, tp_runs=[{"hand": r["hand"]} for r in wrong]), probe)
 
 
-# -- check_tp_dtensor -------------------------------------------------------------------------------
+# -- check_tp_dtensor, check_two_d, check_sp_dtensor: torch's TP in check_tp_hand's launch ----------
+TORCH_CHECKS = ("check_tp_dtensor", "check_two_d", "check_sp_dtensor")
+
+
 def _comm_fn(code: str | None = None) -> dict:
     ns = {"__name__": "__main__"}
     NB.run_code(ns, code or NB.solution("tp_comm_model"))
     return ns
 
 
-def _dtensor_ns(launched4, variant="tp_good", comm: str | None = None) -> dict:
-    return {**_comm_fn(comm), "tp_runs": json.loads(json.dumps(launched4[variant]))}
+def _answers(comm: str | None = None, accounting: str | None = None) -> dict:
+    """The notebook's namespace with the answer cells the torch checks read."""
+    ns = _comm_fn(comm)
+    NB.run_code(ns, accounting or NB.solution("accounting_2d"))
+    return ns
+
+
+def _judge_torch(monkeypatch, launched, variant: str, seed, checks=TORCH_CHECKS,
+                 ns: dict | None = None) -> dict:
+    """check_tp_hand at ``seed`` on ``variant``'s records (its launch keeps the records of the
+    student's torch answers, as in the grading process), then ``checks`` after it, in one
+    namespace: {grade_id: verdict}."""
+    ns = _answers() if ns is None else ns
+    verdicts = {"check_tp_hand": _judge_launched(monkeypatch, launched, "check_tp_hand", variant,
+                                                 seed, ns)}
+    for gid in checks:
+        verdicts[gid] = NB.judge(ns, gid, seed=seed)
+    return verdicts
 
 
 @slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_tp_dtensor_reference_passes(seed, launched4):
-    verdict = NB.judge(_dtensor_ns(launched4), "check_tp_dtensor", seed=seed)
-    assert verdict.passed, verdict.message
+def test_torch_checks_reference_passes(seed, launched, monkeypatch):
+    for gid, verdict in _judge_torch(monkeypatch, launched, "tp_good", seed).items():
+        assert verdict.passed, (gid, verdict.message)
 
 
 @slow
-def test_tp_dtensor_honest_variant_passes(launched4):
-    honest = '''
+def test_torch_checks_honest_variants_pass(launched, monkeypatch):
+    """parallelize_module in two calls, a DeviceMesh built by hand, the local gradient read
+    through ``_local_tensor`` and divided before its all-reduce, an α-β model and an
+    accounting written differently; Exercise 8's plan applied submodule by submodule."""
+    honest_comm = '''
 def tp_step_comm_s(batch, seq, d, world_size, alpha_s, beta_bytes_per_s):
     message = 4.0 * batch * seq * d
     per_rank_sent = message * 2 * (world_size - 1) / world_size
     hops = 2 * (world_size - 1)   # a ring: reduce-scatter then all-gather, each p - 1 steps
     return sum(hops * alpha_s + per_rank_sent / beta_bytes_per_s for _ in ("forward g", "backward f"))
 '''
-    verdict = NB.judge(_dtensor_ns(launched4, "tp_honest", honest), "check_tp_dtensor", seed=1)
-    assert verdict.passed, verdict.message
+    honest_bytes = '''
+def bytes_2d(batch, seq, d, tp):
+    fp32 = 4
+    sharded = (d * 4 * d + 4 * d) + (4 * d * d)      # W1 and b1 by rows, W2 by columns
+    return {"dp_all_reduce": fp32 * (sharded // tp + d),
+            "tp_all_reduce": fp32 * batch * seq * d * 2}
+'''
+    verdicts = _judge_torch(monkeypatch, launched, "tp_honest", 1, TORCH_CHECKS[:2],
+                            _answers(honest_comm, honest_bytes))
+    for gid, verdict in verdicts.items():
+        assert verdict.passed, (gid, verdict.message)
+    verdicts = _judge_torch(monkeypatch, launched, "tp_sp_dtensor_honest", 1, ("check_sp_dtensor",))
+    assert verdicts["check_sp_dtensor"].passed, verdicts["check_sp_dtensor"].message
+
+
+#: wrong torch answer -> (the check that fails, what its message names, a check it leaves alone)
+WRONG_TORCH = {"not_parallel": ("check_tp_dtensor", "not a DTensor", "check_sp_dtensor"),
+               "sums_without_averaging": ("check_two_d", "average", "check_tp_dtensor"),
+               "no_dp_allreduce": ("check_two_d", "(dp, tp) = (2, 1)", "check_tp_dtensor"),
+               "dp_over_world": ("check_two_d", "(dp, tp) = (1, 2)", "check_tp_dtensor"),
+               "sp_tp_plan": ("check_sp_dtensor", "parallel_block", "check_two_d")}
 
 
 @slow
-def test_tp_dtensor_not_parallelized_fails(launched4):
-    _fails_on_a_hidden_case(NB.judge(_dtensor_ns(launched4, "tp_not_parallel"), "check_tp_dtensor"))
+@pytest.mark.parametrize("name", sorted(WRONG_TORCH))
+def test_wrong_torch_answer_fails(name, launched, monkeypatch):
+    gid, phrase, unharmed = WRONG_TORCH[name]
+    verdicts = _judge_torch(monkeypatch, launched, f"tp_{name}", "grade:ada", (gid, unharmed))
+    _fails_on_a_hidden_case(verdicts[gid])
+    assert verdicts[gid].message.startswith("hidden case 1/"), verdicts[gid].message   # the launch's case
+    assert phrase in verdicts[gid].message, verdicts[gid].message
+    assert verdicts[unharmed].passed and verdicts["check_tp_hand"].passed, verdicts
+
+
+def _fabricated_dtensor(runs: list) -> list:
+    """An answer cell's forgery of the lab launch's Exercise 2 records: each rank's
+    ShardedMLP records relabelled as parallelize_module's (the same values, counts and bytes)."""
+    for r in runs:
+        r["dtensor"] = [dict(hand, weight_type="DTensor") for hand in r["hand"]]
+    return runs
+
+
+def _fabricated_two_d(runs: list) -> list:
+    """...of the 2-D records, made up from the unsplit model as an answer cell can (the lab
+    imports ``mlp_block`` and ``tp_tensors``): every rank's local gradients replaced by its
+    shard of the two replicas' average (what the student's data_parallel_grads never
+    computed), and the bytes the dp all-reduces should have moved."""
+    from perflab.labs.lab10.models import mlp_block, tp_tensors
+
+    for k, case in enumerate(LAB_TP_CASES):
+        mean = {}
+        for replica in (0, 1):
+            block = mlp_block(case["d"], case["seed"])
+            x, grad_out = tp_tensors({**case, "input_seed": case["seed"] + replica})
+            block(x.requires_grad_(True)).backward(grad_out)
+            for key, t in (("fc1_weight_grad", block[0].weight.grad), ("fc1_bias_grad", block[0].bias.grad),
+                           ("fc2_weight_grad", block[2].weight.grad), ("fc2_bias_grad", block[2].bias.grad)):
+                mean[key] = mean.get(key, 0) + t / 2
+        h, d = 2 * case["d"], case["d"]   # 4d / tp rows (columns of W2) per tp shard
+        for r in runs:
+            rec, t = r["two_d"][k], r["two_d"][k]["tp_index"]
+            rec.update(fc1_weight_grad=mean["fc1_weight_grad"][t * h:(t + 1) * h].tolist(),
+                       fc1_bias_grad=mean["fc1_bias_grad"][t * h:(t + 1) * h].tolist(),
+                       fc2_weight_grad=mean["fc2_weight_grad"][:, t * h:(t + 1) * h].tolist(),
+                       fc2_bias_grad=mean["fc2_bias_grad"].tolist(),
+                       dp_bytes={"all_reduce": 4 * ((8 * d * d + 4 * d) // 2 + d)})
+    return runs
+
+
+def _fabricated_dtensor_block(runs: list) -> list:
+    """...of Exercise 8's records: each rank's hand-written sequence-parallel block's
+    records relabelled as parallel_block's, with the collectives the check wants."""
+    for k, case in enumerate(LAB_BLOCK_CASES):
+        n = 4 * case["batch"] * case["seq"] * case["d"]
+        want = [["all_gather", n]] * 2 + [["reduce_scatter", n]] * 2
+        for r in runs:
+            sp = r["block"][k]["sp"]
+            r["dtensor_block"][k] = {"out": sp["out"], "x_grad": sp["x_grad"], "weight_type": "DTensor",
+                                     "norm_weight_type": "DTensor", "forward": want, "backward": want}
+    return runs
 
 
 WRONG_COMM = {
@@ -790,43 +944,12 @@ WRONG_COMM = {
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_COMM))
-def test_wrong_comm_model_fails(name, launched4):
+def test_wrong_comm_model_fails(name, launched, monkeypatch):
     assert WRONG_COMM[name] != NB.solution("tp_comm_model"), name
-    _fails_on_a_hidden_case(NB.judge(_dtensor_ns(launched4, comm=WRONG_COMM[name]), "check_tp_dtensor"))
-
-
-# -- check_two_d ------------------------------------------------------------------------------------
-def _two_d_ns(launched4, variant="tp_good", code: str | None = None) -> dict:
-    ns = {"__name__": "__main__", "TP_CASES": LAB_TP_CASES,
-          "tp_runs": json.loads(json.dumps(launched4[variant]))}
-    NB.run_code(ns, code or NB.solution("accounting_2d"))
-    return ns
-
-
-@slow
-@pytest.mark.parametrize("seed", SEEDS)
-def test_two_d_reference_passes(seed, launched4):
-    verdict = NB.judge(_two_d_ns(launched4), "check_two_d", seed=seed)
-    assert verdict.passed, verdict.message
-
-
-@slow
-def test_two_d_honest_variant_passes(launched4):
-    honest = '''
-def bytes_2d(batch, seq, d, tp):
-    fp32 = 4
-    sharded = (d * 4 * d + 4 * d) + (4 * d * d)      # W1 and b1 by rows, W2 by columns
-    return {"dp_all_reduce": fp32 * (sharded // tp + d),
-            "tp_all_reduce": fp32 * batch * seq * d * 2}
-'''
-    verdict = NB.judge(_two_d_ns(launched4, "tp_honest", honest), "check_two_d", seed=1)
-    assert verdict.passed, verdict.message
-
-
-@slow
-@pytest.mark.parametrize("name", sorted(WRONG_DP))
-def test_wrong_data_parallel_grads_fails(name, launched4):
-    _fails_on_a_hidden_case(NB.judge(_two_d_ns(launched4, f"tp_{name}"), "check_two_d"))
+    verdicts = _judge_torch(monkeypatch, launched, "tp_good", 0, ("check_tp_dtensor",),
+                            _answers(comm=WRONG_COMM[name]))
+    _fails_on_a_hidden_case(verdicts["check_tp_dtensor"])
+    assert not verdicts["check_tp_dtensor"].message.startswith("hidden case 1/")   # a link case
 
 
 WRONG_2D = {
@@ -841,9 +964,42 @@ WRONG_2D = {
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_2D))
-def test_wrong_2d_accounting_fails(name, launched4):
+def test_wrong_2d_accounting_fails(name, launched, monkeypatch):
     assert WRONG_2D[name] != NB.solution("accounting_2d"), name
-    _fails_on_a_hidden_case(NB.judge(_two_d_ns(launched4, code=WRONG_2D[name]), "check_two_d"))
+    verdicts = _judge_torch(monkeypatch, launched, "tp_good", 0, ("check_two_d",),
+                            _answers(accounting=WRONG_2D[name]))
+    _fails_on_a_hidden_case(verdicts["check_two_d"])
+    assert not verdicts["check_two_d"].message.startswith("hidden case 1/")   # a pure case
+
+
+#: check -> (the wrong file, its records in the lab's 4-rank launch, their forgery)
+FORGED = {"check_tp_dtensor": ("tp_not_parallel", "tp_not_parallel", _fabricated_dtensor),
+          "check_two_d": ("tp_no_dp_allreduce", "tp_no_dp_allreduce", _fabricated_two_d),
+          "check_sp_dtensor": ("tp_sp_tp_plan", "block4_sp_tp_plan", _fabricated_dtensor_block)}
+
+
+@slow
+@pytest.mark.parametrize("gid", sorted(FORGED))
+def test_forged_lab_records_pass_the_self_check_but_not_the_graded_part(gid, launched, launched4,
+                                                                      monkeypatch):
+    """Issue 43: a wrong torch answer whose lab records an answer cell rewrote (an answer cell
+    after the lab's launch, or one before it wrapping ``launch_fn``): the visible self-check,
+    which reads those records as the old graded part did, passes; the graded part, which
+    reads check_tp_hand's sealed launch on inputs drawn at grade time, fails."""
+    import torch
+
+    from perflab.labs.lab10.comm import wire_bytes
+    from perflab.labs.lab10.models import tp_tensors, transformer_block
+
+    variant, lab_key, forge = FORGED[gid]
+    ns = {**_answers(), "torch": torch, "TP_CASES": LAB_TP_CASES, "TP_BLOCK_CASES": LAB_BLOCK_CASES,
+          "TP_WORLD": 4, "tp_tensors": tp_tensors, "transformer_block": transformer_block,
+          "wire_bytes": wire_bytes,
+          "tp_runs": forge(json.loads(json.dumps(launched4[lab_key])))}
+    NB.run_code(dict(ns), split_check(NB.cells[gid]).probe)   # the self-check is fooled
+    verdicts = _judge_torch(monkeypatch, launched, variant, "grade:ada", (gid,), ns)
+    _fails_on_a_hidden_case(verdicts[gid])
+    assert verdicts[gid].message.startswith("hidden case 1/"), verdicts[gid].message   # the launch's case
 
 
 def test_2d_accounting_written_for_tp_2_only_fails():
@@ -1190,27 +1346,64 @@ def test_block_checks_judge_only_the_sealed_cases(launched, monkeypatch):
         ranks.block_check_records("dp")
 
 
-def _sp_dtensor_ns(launched4, variant: str) -> dict:
-    import torch
+@slow
+def test_torch_checks_judge_only_the_sealed_cases(launched, monkeypatch):
+    """The torch checks read check_tp_hand's launch: 2-D cases changed after it fail the
+    seal; one part's sealed cases do not pass for another's; a launch without the torch
+    answers (or none) is refused by name."""
+    import perflab.labs.lab10.ranks as ranks
+    from perflab.course.references.lab10 import judge_torch_tp, seal
 
-    from perflab.labs.lab10.models import tp_tensors, transformer_block
+    monkeypatch.setattr(ranks, "_BLOCK_LAUNCH", {})   # this test's launch only, put back after it
+    _judge_launched(monkeypatch, launched, "check_tp_hand", "tp_good", 0, _answers())
+    part = ranks._BLOCK_LAUNCH["parts"]["two_d"]
+    part["cases"] = json.loads(json.dumps(part["cases"]))
+    part["cases"][0]["d"] += 2
+    verdict = NB.judge(_answers(), "check_two_d", seed=0)
+    assert not verdict.passed and "tampered" in verdict.message, verdict.message
+    got = ranks.block_check_records("dtensor")
+    with pytest.raises(AssertionError, match="tampered"):
+        judge_torch_tp("two_d", got)   # sealed as the MLP cases, not as 2-D ones
+    with pytest.raises(AssertionError, match="tampered"):
+        judge_torch_tp("dtensor", dict(got, seal=seal(got["cases"])))   # the part's name is sealed too
+    with pytest.raises(ValueError, match="mode"):
+        judge_torch_tp("hand", got)
+    del ranks._BLOCK_LAUNCH["parts"]
+    with pytest.raises(RuntimeError, match="Exercise 1"):
+        ranks.block_check_records("dtensor_block")
+    assert ranks.block_check_records("tp")["records"]   # the blocks' records stay
 
-    return {"__name__": "__main__", "torch": torch, "TP_BLOCK_CASES": LAB_BLOCK_CASES, "TP_WORLD": 4,
-            "tp_tensors": tp_tensors, "transformer_block": transformer_block,
-            "tp_runs": json.loads(json.dumps(launched4[f"block4_{variant}"]))}
+
+def test_tp_rank_rejects_a_2d_mesh_that_is_not_the_world(monkeypatch):
+    import torch.distributed as dist
+
+    from perflab.labs.lab10.ranks import tp_rank
+
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    for mesh in ([2, 2], [2], [0, 2]):
+        with pytest.raises(ValueError, match=r"dp \* tp = 2"):
+            tp_rank([], two_d_cases=[{"d": 4, "batch": 1, "seq": 1, "seed": 0, "mesh": mesh}])
 
 
 @slow
-def test_sp_dtensor_reference_passes_and_the_tp_plan_fails(launched4):
-    """Exercise 8 graded on the lab's 4-rank records; the plain TP plan fed sequence shards
-    (attention over a rank's positions only, all-reduces) fails."""
-    from perflab.labs.lab10.comm import wire_bytes
+def test_block_self_checks_read_the_lab_records_and_catch_the_tp_plan(launched4):
+    """The visible self-checks of Exercises 6-8 on the lab's 4-rank records: the reference
+    passes them; Exercise 8 answered with the plain TP plan fails its own."""
+    import torch
 
-    ns = dict(_sp_dtensor_ns(launched4, "tp_good"), wire_bytes=wire_bytes)
-    for gid in ("check_tp_block", "check_sp_hand"):   # the visible self-checks on the lab's cases
-        NB.run_code(dict(ns), split_check(NB.cells[gid]).probe)
-    assert NB.judge(ns, "check_sp_dtensor", seed=0).passed
-    _fails_on_a_hidden_case(NB.judge(_sp_dtensor_ns(launched4, "sp_tp_plan"), "check_sp_dtensor", seed=0))
+    from perflab.labs.lab10.comm import wire_bytes
+    from perflab.labs.lab10.models import tp_tensors, transformer_block
+
+    def ns(variant):
+        return {"__name__": "__main__", "torch": torch, "TP_BLOCK_CASES": LAB_BLOCK_CASES,
+                "TP_WORLD": 4, "tp_tensors": tp_tensors, "transformer_block": transformer_block,
+                "wire_bytes": wire_bytes, "tp_runs": json.loads(json.dumps(launched4[f"block4_{variant}"]))}
+
+    for gid in ("check_tp_block", "check_sp_hand", "check_sp_dtensor"):
+        NB.run_code(ns("tp_good"), split_check(NB.cells[gid]).probe)
+    with pytest.raises(AssertionError, match="SequenceParallel on the norms"):
+        NB.run_code(ns("sp_tp_plan"), split_check(NB.cells["check_sp_dtensor"]).probe)
 
 
 def test_the_block_pieces_measure_what_they_say_and_reject_bad_input():
@@ -1571,6 +1764,13 @@ def test_dtensor_leaves_no_unwaited_collective(launched4):
     c10d's "there are still 1 unwaited collective calls" when it destroys its group."""
     for variant in ("tp_good", "tp_honest"):
         assert [r["unwaited_collectives"] for r in launched4[variant]] == [0, 0, 0, 0]
+
+
+@slow
+def test_the_graded_launch_leaves_no_unwaited_collective(launched):
+    """The same for check_tp_hand's 2-rank launch, which now runs the torch answers too."""
+    for seed in SEEDS:
+        assert [r["unwaited_collectives"] for r in launched["tp_good"][seed]] == [0, 0]
 
 
 def test_model_comm_share_matches_the_link_model_for_the_solutions_model():

@@ -25,9 +25,13 @@ Exercise 1 asks for Megatron's f and g written by hand: while the student's
 ``ShardedMLP`` is built and runs, the rank records every ``torch.distributed.all_reduce``
 (:class:`HandTPTrace`: its bytes, and whether one of the student's own
 ``torch.autograd.Function`` s issued it) and whether torch's tensor parallelism ran
-(:data:`HAND_TP_FORBIDDEN`, watched by :func:`perflab.labs.checking.watch_calls`): the
-records say so even when the ranks were launched outside a graded call (the lab's own
-launch), where no spy of the notebook's reaches them.
+(:data:`HAND_TP_FORBIDDEN`, watched by :func:`perflab.labs.checking.watch_calls`, also
+while the student's file is imported): the records say so even when the ranks were
+launched outside a graded call (the lab's own launch), where no spy of the notebook's
+reaches them. That watch is the hand-written checks' whole guard: the same launch then
+runs the student's torch answers (``parallel_mlp``, ``parallel_block``, the 2-D layout),
+which use torch's tensor parallelism by design, so the graded call that starts it
+forbids nothing.
 """
 from __future__ import annotations
 
@@ -161,7 +165,8 @@ def _hand_case(student: Any, case: dict[str, int], rank: int, world: int) -> dic
     (``count_collectives``), and what :class:`HandTPTrace` saw while it was built
     (``"build_all_reduces"``), ran forward (``"forward_all_reduces"``) and backward
     (``"backward_all_reduces"``), and which of :data:`HAND_TP_FORBIDDEN` ran
-    (``"delegated"``: the spy's labels)."""
+    (``"delegated"``: the spy's labels; :func:`tp_rank` adds those that ran while the
+    student's file was imported)."""
     from perflab.labs.checking import watch_calls
 
     block = mlp_block(int(case["d"]), int(case["seed"]))
@@ -229,8 +234,8 @@ def _two_d_case(student: Any, case: dict[str, int], mesh: Any) -> dict[str, Any]
         student.data_parallel_grads(mine, mesh["dp"].get_group())
     fc1, fc2 = mine[0], mine[2]
     return {"dp_index": dp_index, "tp_index": tp_index,
-            "fc1_weight_grad": _local(fc1.weight.grad), "fc2_weight_grad": _local(fc2.weight.grad),
-            "fc2_bias_grad": _local(fc2.bias.grad),
+            "fc1_weight_grad": _local(fc1.weight.grad), "fc1_bias_grad": _local(fc1.bias.grad),
+            "fc2_weight_grad": _local(fc2.weight.grad), "fc2_bias_grad": _local(fc2.bias.grad),
             "tp_calls": dict(tp_comm.calls), "tp_bytes": dict(tp_comm.bytes),
             "dp_calls": dict(dp_comm.calls), "dp_bytes": dict(dp_comm.bytes)}
 
@@ -350,7 +355,8 @@ def shard_compute_s(student: Any, case: dict[str, int], rank: int, world_size: i
 
 def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
             dtensor: bool = True, two_d: bool = False,
-            block_cases: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+            block_cases: Sequence[dict[str, Any]] = (),
+            two_d_cases: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Rank body: the student's tensor-parallel MLP block on each case, by hand and (with
     ``dtensor``) with ``parallelize_module`` over a 1-D ``DeviceMesh`` of all ranks; then
     their transformer block on each of ``block_cases``, tensor and sequence parallel by
@@ -368,11 +374,20 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
         block_cases: ``{"d", "heads", "batch", "seq", "seed", "dropout"}`` each (tp divides
             heads and seq): the student's ``ShardedBlock`` (:func:`_block_case`) and, with
             ``dtensor``, their ``parallel_block`` (:func:`_dtensor_block_case`).
+        two_d_cases: ``{"d", "batch", "seq", "seed", "mesh": [dp, tp]}`` each (dp·tp the
+            world size, tp dividing 4d): the 2-D layout of ``two_d`` on each case's own
+            mesh (``make_mesh((dp, tp), ("dp", "tp"))``, one per shape), recorded after
+            ``two_d``'s in ``"two_d"``: how 2 ranks run it as (2, 1) and (1, 2).
+
+    Raises:
+        ValueError: a 2-D case's mesh is not two sizes whose product is the world size
+            (before any case runs).
 
     Returns:
-        ``{"hand": [per case], "dtensor": [per case], "two_d": [per case], "block": [per
-        block case], "dtensor_block": [per block case], "unwaited_collectives": functional
-        collectives never awaited at the end (0; None where torch does not tell)}``; a case
+        ``{"hand": [per case], "dtensor": [per case], "two_d": [per case, then per 2-D
+        case], "block": [per block case], "dtensor_block": [per block case],
+        "unwaited_collectives": functional collectives never awaited at the end (0; None
+        where torch does not tell)}``; a case
         holds this rank's output, input gradient and LOCAL parameter gradients (lists), and
         the collectives counted in the forward and in the backward (calls and bytes by
         kind), or ``{"error": ...}``.
@@ -380,7 +395,14 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    student = import_student(student_module)
+    shapes = [tuple(int(n) for n in c["mesh"]) for c in two_d_cases]
+    if any(len(s) != 2 or min(s) < 1 or s[0] * s[1] != world for s in shapes):
+        raise ValueError(f"every 2-D case's mesh must be [dp, tp] with dp * tp = {world} "
+                         f"(the ranks), got {[list(s) for s in shapes]}")
+    from perflab.labs.checking import watch_calls
+
+    with watch_calls({n: _object_at(n) for n in HAND_TP_FORBIDDEN}) as at_import:
+        student = import_student(student_module)   # its top level runs here: watched too
     out: dict[str, Any] = {"hand": [], "dtensor": [], "two_d": [], "block": [],
                            "dtensor_block": []}
     for case in cases:
@@ -392,6 +414,10 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
     for case in block_cases:
         out["block"].append(_block_case(student, case, rank, world))
         dist.barrier()
+    hand_records = out["hand"] + [r[m] for r in out["block"] for m in ("tp", "sp") if m in r]
+    for rec in hand_records:   # what ran at import counts against every hand-written case
+        if "delegated" in rec:
+            rec["delegated"] += [n for n in at_import if n not in rec["delegated"]]
     if dtensor and block_cases:
         out["dtensor_block"] = _on_student_mesh(student, block_cases, _dtensor_block_case, (world,))
     if dtensor:
@@ -399,6 +425,16 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
     if two_d and world % 2 == 0 and world >= 4:
         out["two_d"] = _on_student_mesh(student, cases, _two_d_case, (2, world // 2),
                                         ("dp", "tp"))
+    by_shape: dict[tuple, list[int]] = {}   # one mesh of the student's per shape
+    for i, shape in enumerate(shapes):
+        by_shape.setdefault(shape, []).append(i)
+    two_d_records: list[Any] = [None] * len(shapes)
+    for shape, at in by_shape.items():
+        done = _on_student_mesh(student, [two_d_cases[i] for i in at], _two_d_case, shape,
+                                ("dp", "tp"))
+        for i, rec in zip(at, done):
+            two_d_records[i] = rec
+    out["two_d"] += two_d_records
     try:   # DTensor's functional collectives never awaited (c10d warns of them at exit)
         from torch._C._distributed_c10d import _get_work_registry_size
         out["unwaited_collectives"] = int(_get_work_registry_size())
@@ -670,7 +706,8 @@ def lab10_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
 
 def hand_tp_on_ranks(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
                      world_size: int = 2, timeout_s: float = 300,
-                     blocks: dict[str, Any] | None = None) -> list[list[dict[str, Any]]]:
+                     blocks: dict[str, Any] | None = None,
+                     torch_tp: dict[str, Any] | None = None) -> list[list[dict[str, Any]]]:
     """Start ``world_size`` gloo ranks and run the student's ``ShardedMLP`` on ``cases``
     (:func:`tp_rank` without DTensor): what a graded check's sandbox side calls on the
     hidden cases. Returns ``[rank][case]`` records (``tp_rank``'s ``"hand"`` lists).
@@ -681,27 +718,56 @@ def hand_tp_on_ranks(cases: Sequence[dict[str, int]], student_module: str = "tp_
     replacing any earlier ones, for the block checks after it
     (:func:`block_check_records`): one launch for every hand-written TP check.
 
+    With ``torch_tp`` (``{"dtensor_seal": the grader's seal of {"dtensor": cases},
+    "two_d": [2-D case, ...], "two_d_seal": its seal of {"two_d": those cases}}``) the
+    same launch also runs the student's torch answers on grader-drawn inputs, kept the
+    same way for the checks of Exercises 2, 4 and 8: their ``parallel_mlp`` on ``cases``
+    (mode ``"dtensor"``), their ``parallel_block`` on the block cases (``"dtensor_block"``,
+    sealed with the blocks) and their ``data_parallel_grads`` in the 2-D layout on each
+    2-D case's own ``[dp, tp]`` mesh (``"two_d"``; :func:`tp_rank`'s ``two_d_cases``).
+
     Raises:
         perflab.distributed.RankFailedError, LaunchTimeoutError: as ``launch_fn``.
     """
     block_cases = list(blocks["cases"]) if blocks is not None else []
-    if blocks is not None:   # always a fresh launch (never an older file's records)
-        _BLOCK_LAUNCH.clear()
-    ranks = launch_fn(tp_rank, world_size, args=(list(cases), student_module, False, False,
-                                                 block_cases),
+    two_d_cases = list(torch_tp.get("two_d", [])) if torch_tp is not None else []
+    if blocks is not None or torch_tp is not None:   # always a fresh launch (never an
+        _BLOCK_LAUNCH.clear()                          # older file's records)
+    ranks = launch_fn(tp_rank, world_size, args=(list(cases), student_module, torch_tp is not None,
+                                                 False, block_cases, two_d_cases),
                       device="cpu", timeout_s=timeout_s)
     if blocks is not None:
         _BLOCK_LAUNCH.update(cases=block_cases, seal=blocks.get("seal"),
                              ranks=[r["block"] for r in ranks])
+    if torch_tp is not None:
+        parts = {"dtensor": {"cases": list(cases), "seal": torch_tp.get("dtensor_seal"),
+                             "ranks": [r["dtensor"] for r in ranks]},
+                 "two_d": {"cases": two_d_cases, "seal": torch_tp.get("two_d_seal"),
+                           "ranks": [r["two_d"] for r in ranks]}}
+        if blocks is not None:
+            parts["dtensor_block"] = {"cases": block_cases, "seal": blocks.get("seal"),
+                                      "ranks": [r["dtensor_block"] for r in ranks]}
+        _BLOCK_LAUNCH["parts"] = parts
     return [r["hand"] for r in ranks]
 
 
-#: The block checks' shared launch in this process (the notebook's kernel): the block
-#: cases the first TP check drew, their seal, and every rank's records.
+#: The TP checks' shared launch in this process (the notebook's kernel): the block cases
+#: the first TP check drew, their seal, every rank's block records, and (``"parts"``)
+#: the records of the student's torch answers by mode, each with its cases and seal.
 _BLOCK_LAUNCH: dict[str, Any] = {}
 #: What a block check's judge reads of a mode's record.
 _BLOCK_KEYS = ("out", "x_grad", "grads", "forward", "backward", "saved_bytes", "delegated",
                "error")
+#: What the judges of the student's torch answers read of a record, by mode.
+_TORCH_KEYS = {
+    "dtensor": ("out", "x_grad", "fc1_weight_grad", "fc1_bias_grad", "fc2_weight_grad",
+                "fc2_bias_grad", "weight_type", "forward_calls", "forward_bytes",
+                "backward_calls", "backward_bytes", "error"),
+    "dtensor_block": ("out", "x_grad", "weight_type", "norm_weight_type", "forward",
+                      "backward", "error"),
+    "two_d": ("dp_index", "tp_index", "fc1_weight_grad", "fc1_bias_grad", "fc2_weight_grad",
+              "fc2_bias_grad", "tp_bytes", "dp_bytes", "error"),
+}
 
 
 def block_check_records(mode: str) -> dict[str, Any]:
@@ -711,19 +777,31 @@ def block_check_records(mode: str) -> dict[str, Any]:
     keys only), the cases and seal as the first check passed them (the grader's judge
     verifies the seal: the cases are the ones it drew).
 
+    The same for the student's torch answers that launch ran with ``torch_tp``: mode
+    ``"dtensor"`` (``parallel_mlp``), ``"dtensor_block"`` (``parallel_block``) or
+    ``"two_d"`` (``data_parallel_grads`` in the 2-D layout), each with its own cases and
+    seal.
+
     Raises:
         ValueError: an unknown mode.
         RuntimeError: no such launch was made in this process.
     """
-    if mode not in ("tp", "sp"):
-        raise ValueError(f"mode must be 'tp' or 'sp', got {mode!r}")
-    if not _BLOCK_LAUNCH:
+    if mode not in ("tp", "sp", *_TORCH_KEYS):
+        raise ValueError(f"mode must be 'tp', 'sp', {', '.join(map(repr, _TORCH_KEYS))}, "
+                         f"got {mode!r}")
+    part = _BLOCK_LAUNCH.get("parts", {}).get(mode) if mode in _TORCH_KEYS else (
+        _BLOCK_LAUNCH if "ranks" in _BLOCK_LAUNCH else None)
+    if part is None:
         raise RuntimeError("no graded tensor-parallel launch ran in this kernel: the check "
                            "of Exercise 1 starts it; run that check first")
-    records = [[{key: rec[mode][key] for key in _BLOCK_KEYS if key in rec[mode]}
-                for rec in (r[k] for r in _BLOCK_LAUNCH["ranks"])]
-               for k in range(len(_BLOCK_LAUNCH["cases"]))]
-    return {"cases": _BLOCK_LAUNCH["cases"], "seal": _BLOCK_LAUNCH["seal"], "records": records}
+    if mode in _TORCH_KEYS:
+        keys, pick = _TORCH_KEYS[mode], (lambda rec: rec)
+    else:
+        keys, pick = _BLOCK_KEYS, (lambda rec: rec[mode])
+    records = [[{key: pick(rec)[key] for key in keys if key in pick(rec)}
+                for rec in (r[k] for r in part["ranks"])]
+               for k in range(len(part["cases"]))]
+    return {"cases": part["cases"], "seal": part["seal"], "records": records}
 
 
 def pipeline_on_ranks(runs: Sequence[dict[str, Any]], student_module: str = "pp_student",
