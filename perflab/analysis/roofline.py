@@ -25,10 +25,12 @@ thread count).
 """
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
-from torch.utils import benchmark
 
 from perflab.core.devices import DEVICES, resolve_device
 from perflab.core.dtypes import LOW_PRECISION_DTYPES
@@ -189,8 +191,30 @@ def _device(device: str | torch.device) -> torch.device:
     return resolve_device(text)
 
 
-def _timer(stmt: str, **globals_) -> benchmark.Timer:
-    return benchmark.Timer(stmt, globals=globals_, num_threads=torch.get_num_threads())
+def _benchmark() -> ModuleType:
+    """``torch.utils.benchmark``, imported on first use and quietly.
+
+    Importing it imports ``torch.utils.cpp_extension`` (its C++ timer's JIT), which on a
+    CUDA build of torch with no usable GPU logs "No CUDA runtime is found, using
+    CUDA_HOME='...'" once per process, at import (it locates a CUDA compiler for
+    building C++ extensions, which perflab never does). Imported with this module, the
+    line would reach every kernel and rank that imports perflab's analyses; so the import
+    waits for the first measurement, and that one logger is held at ERROR for the import
+    alone (its level is put back, nothing else changes; a later import is a no-op)."""
+    if "torch.utils.benchmark" in sys.modules:
+        return sys.modules["torch.utils.benchmark"]
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import benchmark
+    finally:
+        log.setLevel(level)
+    return benchmark
+
+
+def _timer(stmt: str, **globals_) -> "torch.utils.benchmark.Timer":
+    return _benchmark().Timer(stmt, globals=globals_, num_threads=torch.get_num_threads())
 
 
 def _supported(dev: torch.device, dtype: str) -> str:

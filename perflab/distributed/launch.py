@@ -37,6 +37,13 @@ Faults (STYLE: failure paths are tested with deliberate faults, see
 * a rank killed without a Python exception (SIGKILL from the out-of-memory killer, a
   segfault) is named as the cause, not its peers' "connection closed" errors, with the
   cgroup's OOM-kill count when the kernel exposes it;
+* a rank that exits before its rank body starts (no ``rank<N>.started`` file: it failed
+  while multiprocessing set the process up, re-running the launching script or
+  importing ``fn``'s module) is named with the likely cause and its fix: a script that
+  launches at its top level, without ``if __name__ == "__main__":``, or a module the
+  rank cannot import (:func:`_before_start_why`). Such a script's launch, run again
+  inside a starting rank, raises at once with the fix (:func:`_refuse_while_bootstrapping`)
+  instead of starting ranks of its own;
 * the launching process dies (a killed notebook kernel): every rank notices within
   ``PARENT_POLL_S`` (it polls its parent's pid) and exits, instead of living on until
   its watchdog.
@@ -55,6 +62,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import uuid
@@ -154,6 +162,29 @@ def _check_importable(fn: Callable[..., Any]) -> None:
             "module (e.g. perflab.distributed.worker) and import it from there")
 
 
+#: The fix for a launch at a script's top level, as both messages below give it.
+_GUARD_FIX = ("put the launch under `if __name__ == \"__main__\":` (or in a function "
+              "called from there)")
+
+
+def _refuse_while_bootstrapping() -> None:
+    """Raise if this process is a rank still being set up by multiprocessing.
+
+    The spawn and forkserver start methods run the launching program's main script again
+    in every new process (as ``__mp_main__``) before its target; a launch at the script's
+    top level then runs inside each starting rank, where multiprocessing would refuse to
+    start processes only after the elastic agent and its rendezvous were set up, with its
+    generic bootstrapping message. Multiprocessing's own test is the same flag."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "launch_fn was called while a rank process was starting: the launching script "
+            "runs again in every rank (multiprocessing's spawn and forkserver start methods "
+            "import the main script in each new process), and this script launches at its "
+            f"top level; {_GUARD_FIX}")
+
+
 def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
               backend: str | None = None, device: str = "auto", timeout_s: float = 300,
               threads_per_rank: int = 1, pin_cores: bool | None = None) -> list[Any]:
@@ -180,11 +211,15 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
         ValueError: bad arguments (before any process starts).
         RankFailedError: a rank raised or died; names the rank and its exception.
         LaunchTimeoutError: ranks still ran after ``timeout_s``; all were stopped.
+        RuntimeError: called in a rank that multiprocessing is still starting (a script
+            that launches at its top level, without ``if __name__ == "__main__":``, runs
+            again in each rank).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    _refuse_while_bootstrapping()
     _check_importable(fn)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1 (ranks), got {world_size!r}")
@@ -341,10 +376,42 @@ def _failure(e: Any, err_dir: str, world_size: int, timeout_s: float,
     failure = e.failures[rank]
     how = (f"signal {failure.signal_name()}" if failure.exitcode < 0
            else f"exit code {failure.exitcode}")
-    why = _oom_why(oom_before) if failure.exitcode == -9 else ""
     after = "".join(f"\nthen rank {r}: {errors[r].splitlines()[0]}" for r in raised)
+    everything = {**{r: str(f) for r, f in e.failures.items()}, **errors}
+    if failure.exitcode > 0 and not (Path(err_dir) / f"rank{rank}.started").exists():
+        return RankFailedError(f"rank {rank} died ({how}) before its rank body started: "
+                               f"{_before_start_why()}{after}", rank, everything)
+    why = _oom_why(oom_before) if failure.exitcode == -9 else ""
     return RankFailedError(f"rank {rank} died ({how}) without a Python exception{why}{after}",
-                           rank, {**{r: str(f) for r, f in e.failures.items()}, **errors})
+                           rank, everything)
+
+
+def _before_start_why(main: Any = None) -> str:
+    """Why a rank exited while multiprocessing was still setting it up (before
+    :func:`~perflab.distributed.lifecycle.rank_entry` ran), and the fix. ``main``: the
+    launching process's ``__main__`` module (default: this process's).
+
+    Multiprocessing's spawn and forkserver start methods run the launching script again
+    in each new process, then import ``fn``'s module to unpickle it; the rank's own
+    traceback goes to its standard error (a script's terminal; for a notebook, the
+    terminal that started Jupyter), not to this process."""
+    main = sys.modules.get("__main__") if main is None else main
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        script = None if name == "__main__" or name.endswith(".__main__") else name
+    else:
+        script = getattr(main, "__file__", None)
+    if script is not None:
+        return (f"every rank first runs the launching script ({script}) again, and a "
+                "launch at the script's top level cannot start ranks from a rank that is "
+                "itself still starting (multiprocessing's bootstrapping phase); "
+                f"{_GUARD_FIX}. If it is there already, the rank could not import the "
+                "script or fn's module: its traceback is on the rank's standard error")
+    return ("the rank could not import fn's module (each rank imports it by name, from "
+            "the launching process's working folder and sys.path: a `%%writefile` module "
+            "must be in the notebook's folder) or unpickle the arguments; its traceback is "
+            "on the rank's standard error (for a notebook, the terminal that started "
+            "Jupyter)")
 
 
 def _oom_why(oom_before: int | None) -> str:

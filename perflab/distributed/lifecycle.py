@@ -5,7 +5,8 @@ device, pins the rank to its own cores (:func:`pin_to_cores`), initialises the p
 group and calls the user's function, guarded by a watchdog (:func:`start_watchdog`: dump
 every thread's stack and exit with :data:`TIMEOUT_EXIT_CODE` after ``timeout_s``) and a
 heartbeat on the launching process (:func:`exit_with_parent`); an exception is written to
-``rank<N>.err`` before the group is torn down, a finished rank leaves ``rank<N>.done``.
+``rank<N>.err`` before the group is torn down, a rank leaves ``rank<N>.started`` on
+entry and ``rank<N>.done`` when finished.
 In the launching process: the rank processes started by a launch
 (:func:`ranks_started_since`, :func:`kill_new_children`), the signal handlers the agent
 replaces (:func:`save_signals`, :func:`restore_signals`), and the cgroup's
@@ -106,6 +107,9 @@ def rank_entry(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: flo
     if parent_pid is not None:
         exit_with_parent(parent_pid)
     rank = int(os.environ["RANK"])
+    # the launcher tells a rank that died here or later from one that never got here
+    # (multiprocessing's set-up failed: a script launching without a __main__ guard)
+    (Path(err_dir) / f"rank{rank}.started").touch()
     err_path = Path(err_dir) / f"rank{rank}.err"
     watchdog = start_watchdog(timeout_s, rank, err_path)
     # torch 2.13 renamed these two collectives (reduce_scatter_single, all_gather_single)

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -105,8 +106,75 @@ def test_a_hung_rank_is_stopped_by_the_timeout_and_every_rank_reaped():
 @pytest.mark.slow
 def test_a_rank_that_dies_without_an_exception_is_named():
     before = _rank_children()
-    with pytest.raises(RankFailedError, match=r"rank 0 died \(exit code 3\)"):
+    # it ran its body (rank0.started), so it is not taken for a rank that failed to start
+    with pytest.raises(RankFailedError,
+                       match=r"rank 0 died \(exit code 3\) without a Python exception"):
         launch_fn(faults.exit_on_rank, 2, args=(0, 3))
+    assert _rank_children() == before
+
+
+def _died_before_starting(tmp_path) -> RankFailedError:
+    """What the launcher reports when rank 0 exited (code 1) without leaving
+    ``rank0.started`` (multiprocessing's set-up of the rank failed) and the agent stopped
+    rank 1."""
+    from torch.distributed.elastic.multiprocessing.errors import (ChildFailedError,
+                                                                  ProcessFailure)
+
+    from perflab.distributed.launch import _failure
+
+    failures = {0: ProcessFailure(0, 100, 1, str(tmp_path / "none0.json")),
+                1: ProcessFailure(1, 101, -15, str(tmp_path / "none1.json"))}
+    return _failure(ChildFailedError("rank_entry", failures), str(tmp_path), 2, 60.0)
+
+
+def test_a_rank_that_died_before_its_body_names_the_main_guard(tmp_path, monkeypatch):
+    """A script without ``if __name__ == "__main__":`` (it runs again in every rank,
+    simulated here: the failure as the agent reports it, and this process's __main__)."""
+    script = SimpleNamespace(__file__="/home/me/train.py", __spec__=None)
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    err = _died_before_starting(tmp_path)
+    assert isinstance(err, RankFailedError) and err.rank == 0
+    msg = str(err)
+    assert msg.startswith("rank 0 died (exit code 1) before its rank body started: every "
+                          "rank first runs the launching script (/home/me/train.py) again")
+    assert 'put the launch under `if __name__ == "__main__":`' in msg
+    assert "without a Python exception" not in msg
+    # a rank that started and then exited is still told apart
+    (tmp_path / "rank0.started").touch()
+    assert str(_died_before_starting(tmp_path)).startswith(
+        "rank 0 died (exit code 1) without a Python exception")
+
+
+def test_what_runs_again_in_a_rank_decides_the_likely_cause():
+    from perflab.distributed.launch import _before_start_why
+
+    spec = lambda name: SimpleNamespace(name=name)
+    assert "(train.py) again" in _before_start_why(SimpleNamespace(__file__="train.py",
+                                                                    __spec__=None))
+    assert "(tools.train) again" in _before_start_why(SimpleNamespace(
+        __file__="/x/tools/train.py", __spec__=spec("tools.train")))  # python -m tools.train
+    for main in (SimpleNamespace(__spec__=None),                  # a notebook kernel, -c
+                 SimpleNamespace(__file__="/x/tools/__main__.py",
+                                 __spec__=spec("tools.__main__"))):  # python -m tools
+        why = _before_start_why(main)  # multiprocessing does not run these again
+        assert why.startswith("the rank could not import fn's module")
+        assert "__main__" not in why
+
+
+def test_a_launch_inside_a_starting_rank_is_refused_with_the_fix(monkeypatch):
+    """What the script's launch does when it runs again inside a rank that multiprocessing
+    is still setting up (its ``_inheriting`` flag, simulated here): it refuses at once,
+    naming the guard, instead of starting an agent of its own."""
+    import multiprocessing
+    import multiprocessing.spawn
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(RuntimeError, match="bootstrapping phase"):  # the flag is theirs
+        multiprocessing.spawn._check_not_importing_main()
+    before = _rank_children()
+    with pytest.raises(RuntimeError, match=r'launch_fn was called while a rank process was '
+                       r'starting: .* `if __name__ == "__main__":`'):
+        launch_fn(faults.rank_and_sum, 2)
     assert _rank_children() == before
 
 
@@ -309,6 +377,7 @@ def test_an_empty_error_report_is_no_report(tmp_path):
     from perflab.distributed.launch import _failure
 
     (tmp_path / "rank1.err").write_text("")
+    (tmp_path / "rank0.started").touch()  # rank 0 ran its body, then died
     failures = {0: ProcessFailure(0, 100, 3, str(tmp_path / "none0.json")),
                 1: ProcessFailure(1, 101, -15, str(tmp_path / "none1.json"))}
     err = _failure(ChildFailedError("rank_entry", failures), str(tmp_path), 2, 60.0)
