@@ -7,8 +7,8 @@ two-digit prefix of the file name)::
     REFERENCE/NN_*.ipynb                  the solution notebooks (solutions/)
 
 A submission runs arbitrary Python: each notebook is graded on its own in a sandbox by
-:func:`perflab.course.submission.grade_notebook` (answers into the reference, nbval in
-the sandbox, verdicts judged outside), giving a
+:func:`perflab.course.submission.grade_notebook` (answers into the reference, the graded
+calls in a fresh grading process in the sandbox, verdicts judged outside), giving a
 :class:`~perflab.course.submission.LabGrade`.
 
 A student is graded under the *id* of their folder (:func:`student_folders`): the folder

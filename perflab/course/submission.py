@@ -10,17 +10,25 @@ For each notebook :func:`grade_notebook`
    grading run's seed, the student's name and the check (:mod:`perflab.course.cases`),
    an older check its *probe*; cells tagged ``grading-skip`` are left out
    (:func:`perflab.course.answers.assemble`);
-2. runs that notebook under nbval in a bubblewrap sandbox (:mod:`perflab.course.sandbox`:
-   read-only file system, no network, own namespaces, size-limited tmpfs scratch, /tmp
-   and /dev/shm, limits; the reference and other submissions out of sight); a pytest
-   plugin inside reports each cell on a file descriptor the kernel cannot reach
-   (:mod:`perflab.course.nbval_channel`);
+2. runs the *grading process* (:mod:`perflab.course.grading_process`) in a bubblewrap
+   sandbox (:mod:`perflab.course.sandbox`: read-only file system, no network, own
+   namespaces, size-limited tmpfs scratch, /tmp and /dev/shm, a memory cap for the
+   submission's processes together, limits; the reference and other submissions out of
+   sight): a plain interpreter that runs the answer cells and the given cells the
+   checks read, then each check's ``student_answer`` on its hidden cases, with what the
+   check forbids absent, and writes the raw answers on a file descriptor the grader
+   opened. Every point comes from it;
 3. judges each check *outside* the sandbox: a graded check's raw answers against its
    ``judge_answer`` on the same cases (:func:`perflab.course.cases.judge_answers`), an
    older check's facts with its judge (:func:`perflab.course.checks.run_judge`). A check
    earns its points when exactly one readable record came back and the judge passed; a
    missing, duplicated or malformed record is "tampered or crashed" (0 points, a review
-   note).
+   note);
+4. where the grading process left points unearned (``notebook_run``), runs the notebook
+   itself, its check cells left out, under nbval in the same sandbox, for the
+   instructor's log of what the student's cells print (a pytest plugin reports each cell
+   on a file descriptor the kernel cannot reach, :mod:`perflab.course.nbval_channel`);
+   no point comes from it.
 
 The result is a :class:`LabGrade` of :class:`CheckResult` rows, within :class:`Limits`.
 A whole folder of submissions is :mod:`perflab.course.grading`.
