@@ -29,6 +29,10 @@ grader-only :mod:`perflab.course.references.lab07` as the module; without a modu
 with one without a working ``rank_loss``, the run uses DDP's 1 / world_size weighting
 (biased for unequal micro-batches; a failure is recorded as an error).
 
+:func:`detector_rank` runs the same gather-then-detect step of the loop on compute times
+it is given instead of measured ones (no training): the in-loop detector's graded launch,
+on times the grader drew, so every verdict can be recomputed from them.
+
 :func:`debug_rank` is the rank body of the lab's debug-output section: a few collectives
 under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` with one rank issuing a different one, the
 rank's own stderr (the C++ log) captured and returned.
@@ -47,7 +51,8 @@ import torch
 from perflab.models import mlp
 from perflab.core.timing import Stopwatch
 
-__all__ = ["straggler_rank", "debug_rank", "ThreadCpuClock"]
+__all__ = ["straggler_rank", "detector_rank", "launch_detector", "debug_rank",
+           "ThreadCpuClock"]
 
 
 class ThreadCpuClock:
@@ -163,6 +168,26 @@ def _rebalanced(student: Any, prev: dict | None, gathered: list, ws: int, global
     return [int(b) for b in new] if ok else list(keep)
 
 
+def _verdict(student: Any, gathered: list, ws: int, errors: list) -> list[int] | None:
+    """The student's ``my_detect`` on every row ``gathered`` so far (steps x ranks, as
+    the gather returned them), called as ``my_detect(ranks x steps)`` with its defaults;
+    None when a row is missing or short (the gather failed) or the detector fails (its
+    error recorded in ``errors``)."""
+    history = [g for g in gathered if g is not None and len(g) == ws]
+    if student is None or not hasattr(student, "my_detect") or not history \
+            or len(history) != len(gathered):
+        return None
+    per_rank = np.asarray(history, dtype=float).T.tolist()   # ranks x steps
+    v = _call(errors, "my_detect", student.my_detect, per_rank)
+    if not isinstance(v, (list, tuple)):
+        return None
+    try:
+        return [int(r) for r in v]
+    except (TypeError, ValueError) as e:
+        errors.append(f"my_detect returned {v!r}: not rank numbers ({e})"[:300])
+        return None
+
+
 def _run_group(group: list[int], phases: Sequence[dict], recs: list[dict], warmup: int,
                model: torch.nn.Module, params: list, opt: torch.optim.Optimizer,
                pool_x: torch.Tensor, pool_y: torch.Tensor, global_batch: int, rank: int,
@@ -203,14 +228,7 @@ def _run_group(group: list[int], phases: Sequence[dict], recs: list[dict], warmu
                 rec[key].append(sw.elapsed_s)
             rec["loss"].append(float(loss.detach()))
             rec["gathered"].append(got)
-            history = [g for g in rec["gathered"] if g is not None and len(g) == ws]
-            verdict = None
-            if student is not None and hasattr(student, "my_detect") and history \
-                    and len(history) == len(rec["gathered"]):
-                per_rank = np.asarray(history, dtype=float).T.tolist()   # ranks x steps
-                v = _call(errors, "my_detect", student.my_detect, per_rank)
-                verdict = [int(r) for r in v] if isinstance(v, (list, tuple)) else None
-            rec["verdicts"].append(verdict)
+            rec["verdicts"].append(_verdict(student, rec["gathered"], ws, errors))
 
 
 def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
@@ -305,3 +323,86 @@ def straggler_rank(phases: Sequence[dict], student_module: str | None = None, *,
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     return {"rank": rank, "world_size": ws, "cores": cores, "fixed_gather": fixed,
             "errors": errors[:20], "phases": out_phases}
+
+
+def detector_rank(schedules: Sequence[Sequence[Sequence[float]]],
+                  student_module: str) -> dict[str, Any]:
+    """Rank body of Lab 07's in-loop detector on given compute times: no training.
+
+    For each schedule (ranks x steps seconds, one row per rank of this launch), step by
+    step, this rank hands the student's ``all_gather_times`` its own time of that step
+    (``schedule[rank][step]``) instead of a measured one, then calls the student's
+    ``my_detect`` on every row gathered so far in that schedule, as
+    :func:`straggler_rank` does after each training step. Grading draws the schedules
+    (hidden compute times), so every verdict can be recomputed from them.
+
+    Args:
+        schedules: each a list of ``world_size`` lists of floats (seconds), all of one
+            length (>= 1 step).
+        student_module: the student's module name (``straggler_student``).
+
+    Returns:
+        ``{"rank", "world_size", "errors": [str], "runs": [{"gathered": [what the gather
+        returned at each step, or None], "verdicts": [the detector's answer after each
+        step, or None]}]}``.
+
+    Raises:
+        ValueError: a schedule without one row per rank, or rows of different lengths.
+    """
+    import torch.distributed as dist
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    for k, times in enumerate(schedules):
+        if len(times) != ws or len({len(row) for row in times}) != 1 or not times[0]:
+            raise ValueError(f"schedule {k}: one row of >= 1 step per rank ({ws}) and rows of "
+                             f"one length, got {[len(row) for row in times]}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the student's file sits in the working folder
+    student = importlib.import_module(student_module)
+    gather = getattr(student, "all_gather_times", None)
+    errors: list[str] = []
+    runs = []
+    for times in schedules:
+        gathered: list = []
+        verdicts: list = []
+        for step in range(len(times[0])):
+            got = _call(errors, "all_gather_times", gather, float(times[rank][step])) \
+                if gather else None
+            try:
+                got = [float(v) for v in got] if isinstance(got, (list, tuple)) else None
+            except (TypeError, ValueError):
+                got = None
+            gathered.append(got)
+            verdicts.append(_verdict(student, gathered, ws, errors))
+        runs.append({"gathered": gathered, "verdicts": verdicts})
+    return {"rank": rank, "world_size": ws, "errors": errors[:20], "runs": runs}
+
+
+def launch_detector(schedules: Sequence[Sequence[Sequence[float]]], student_module: str, *,
+                    world_size: int = 2, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """:func:`detector_rank` on ``world_size`` CPU ranks (gloo), each rank's result in rank
+    order: the in-loop detector's graded launch.
+
+    The ranks are spawned (``PERFLAB_START_METHOD=spawn`` for this call), not forked from
+    a forkserver: one started here would outlive the call with this environment, and the
+    lab's later debug launch (``TORCH_DISTRIBUTED_DEBUG`` set) would then have to spawn
+    its three ranks instead of starting a forkserver of its own; the same start-up, paid
+    once instead of twice.
+
+    Raises:
+        perflab.distributed.launch.RankFailedError: a rank raised (a malformed schedule:
+            :func:`detector_rank`'s ValueError).
+        ValueError: a bad ``world_size`` or ``timeout_s`` (:func:`launch_fn`'s).
+    """
+    from perflab.distributed import launch_fn
+
+    saved = os.environ.get("PERFLAB_START_METHOD")
+    os.environ["PERFLAB_START_METHOD"] = "spawn"
+    try:
+        return launch_fn(detector_rank, world_size, device="cpu", timeout_s=timeout_s,
+                         args=([[list(row) for row in t] for t in schedules], student_module))
+    finally:
+        if saved is None:
+            os.environ.pop("PERFLAB_START_METHOD", None)
+        else:
+            os.environ["PERFLAB_START_METHOD"] = saved

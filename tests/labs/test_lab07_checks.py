@@ -4,7 +4,9 @@ JSON). The reference solution passes at several seeds, an honest variant written
 differently passes, and wrong *student code* fails its check on a hidden case: a
 prediction that says "100 % slower", a detector that compares with the median of all
 ranks, a z-score rule, one that forgets the window, a rebalance that favours the slow
-rank, a gather that all-reduces instead of all-gathering (also run on 2 gloo ranks), a
+rank, a gather that all-reduces instead of all-gathering (also run on 2 gloo ranks), an
+in-loop detector whose own run's records were made up to pass (the check now launches the
+student's gather and detector on hidden compute times), a
 ``rank_loss`` that does not weight by b_r / B (the rebalanced split's gradient is then
 not the full-batch one), a debug-log parser that names the first rank it sees or rank 0;
 code that delegates to perflab's ``detect_stragglers``, ``reference_gather``,
@@ -271,7 +273,50 @@ def _live_ns(lab_ns, student, **kw) -> dict:
     return dict(lab_ns, straggler_student=student, ranks=_ranks(student, own, **kw))
 
 
-def test_gather_and_live_checks_pass_the_reference(tmp_path, monkeypatch, lab_ns):
+def _in_loop(student, times, rank, gather) -> dict:
+    """What perflab.labs.lab07.detector_rank records on ``rank`` for one schedule (ranks x
+    steps seconds), ``gather`` standing for the student's gather (rank, the ranks' given
+    values) -> what that rank received, and ``student``'s my_detect run after each step."""
+    ws = len(times)
+    gathered, verdicts = [], []
+    for step in range(len(times[0])):
+        gathered.append(gather(rank, [times[q][step] for q in range(ws)]))
+        if all(g is not None and len(g) == ws for g in gathered):
+            v = student.my_detect(np.asarray(gathered, dtype=float).T.tolist())
+            verdicts.append([int(x) for x in v])
+        else:
+            verdicts.append(None)
+    return {"gathered": gathered, "verdicts": verdicts}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """check_detector_live's hidden launch, answered here: ``launches(gather)`` makes
+    ``perflab.distributed.launch_fn`` return what 2 ranks of ``detector_rank`` would, with
+    the student's module's my_detect and ``gather`` standing for its gather (the real
+    launch runs in test_wrong_gather_on_two_ranks_fails_gather_and_live_checks);
+    ``launches.calls`` counts them."""
+    import perflab.distributed
+    from perflab.labs.lab07 import detector_rank
+
+    def use(gather=lambda rank, row: list(row)):
+        def launch_fn(fn, world_size, *, args=(), **kw):
+            assert fn is detector_rank and world_size == 2, (fn, world_size)
+            schedules, module = args
+            student = importlib.import_module(module)
+            use.calls += 1
+            return [{"rank": r, "world_size": world_size, "errors": [],
+                     "runs": [_in_loop(student, t, r, gather) for t in schedules]}
+                    for r in range(world_size)]
+
+        monkeypatch.setattr(perflab.distributed, "launch_fn", launch_fn)
+
+    use.calls = 0
+    use()
+    return use
+
+
+def test_gather_and_live_checks_pass_the_reference(tmp_path, monkeypatch, lab_ns, launches):
     student = _student(tmp_path, monkeypatch, _FILE)
     for gid in ("check_gather", "check_detector_live"):
         ns = _live_ns(lab_ns, student)
@@ -288,10 +333,16 @@ def test_gather_and_live_checks_pass_the_reference(tmp_path, monkeypatch, lab_ns
     ("a stale step", lambda r, row: [v * 1.01 for v in row]),
     ("raised", lambda r, row: None),
 ])
-def test_wrong_gather_fails_gather_and_live_checks(name, gather, tmp_path, monkeypatch, lab_ns):
+def test_wrong_gather_fails_gather_and_live_checks(name, gather, tmp_path, monkeypatch, lab_ns,
+                                                   launches):
     ns = _live_ns(lab_ns, _student(tmp_path, monkeypatch, _FILE), gather=gather)
     for gid in ("check_gather", "check_detector_live"):
         _fails_on_a_hidden_case(LAB.judge(dict(ns), gid))
+    # and in the check's own launch on hidden times, whatever this run's records say
+    launches(gather)
+    ns = _live_ns(lab_ns, ns["straggler_student"])
+    assert not (v := LAB.judge(ns, "check_detector_live")).passed
+    assert v.message.startswith("hidden case 2/2"), v.message
 
 
 def test_gather_that_is_right_per_step_but_not_before_training_fails(tmp_path, monkeypatch,
@@ -321,7 +372,7 @@ def test_gather_that_delegates_to_perflab_fails_naming_it(tmp_path, monkeypatch,
 
 
 def test_gather_and_live_checks_never_pass_on_empty_or_short_records(tmp_path, monkeypatch,
-                                                                     lab_ns):
+                                                                     lab_ns, launches):
     student = _student(tmp_path, monkeypatch, _FILE)
     empty_phase = {"name": "p", "compute_s": [], "gathered": [], "verdicts": []}
     records = {
@@ -341,7 +392,7 @@ def test_gather_and_live_checks_never_pass_on_empty_or_short_records(tmp_path, m
 
 
 @pytest.mark.parametrize("name", ["k_always", "median_with_self", "any_step"])
-def test_wrong_detector_fails_the_live_check(name, tmp_path, monkeypatch, lab_ns):
+def test_wrong_detector_fails_the_live_check(name, tmp_path, monkeypatch, lab_ns, launches):
     student = _student(tmp_path, monkeypatch, WRONG_FILES[name][1])
     own = _own(seed=5)
     if name == "median_with_self":   # a 20 % straggler: the median of all ranks hides it
@@ -354,7 +405,49 @@ def test_wrong_detector_fails_the_live_check(name, tmp_path, monkeypatch, lab_ns
     _fails_on_a_hidden_case(LAB.judge(_live_ns(lab_ns, student, own=own), "check_detector_live"))
 
 
-def test_live_check_follows_this_run_s_times_not_the_injection(tmp_path, monkeypatch, lab_ns):
+#: In-loop detectors that are wrong on times the grader draws.
+_WRONG_IN_LOOP = {name: WRONG_FILES[name][1]
+                  for name in ("k_always", "median_with_self", "any_step", "no_window")}
+_WRONG_IN_LOOP["names the injected rank"] = _FILE.replace("    return flagged\n",
+                                                          "    return [1]\n")
+_WRONG_IN_LOOP["names nobody"] = _FILE.replace("    return flagged\n", "    return []\n")
+
+
+@pytest.mark.parametrize("name", sorted(_WRONG_IN_LOOP))
+def test_made_up_records_no_longer_pass_the_live_check(name, tmp_path, monkeypatch, lab_ns,
+                                                      launches):
+    """The old graded part judged only this run's records, which the kernel hands over: an
+    answer cell that made them up (e.g. one that rebinds ``launch_fn`` before the launch
+    cell, returning records the right rule would give) passed whatever the student's
+    detector does. Those records still pass the live case, whose judge recomputes every
+    verdict from them (so the old check passed), but the check's own launch runs the
+    student's gather and detector on hidden times, and a wrong detector fails there."""
+    from perflab.course.checks import graded_functions
+
+    made_up = _ranks(_student(tmp_path, monkeypatch, _FILE), _own(seed=3))
+    wrong = _student(tmp_path, monkeypatch, _WRONG_IN_LOOP[name])
+    ns = dict(lab_ns, straggler_student=wrong, ranks=made_up)
+    check = split_check(LAB.cells["check_detector_live"])
+    LAB.run_code(dict(ns), check.probe)                 # the self-check passes on them
+    _, judge = graded_functions(check.graded, "check_detector_live")
+    judge(None, [{"own": rk["phases"][1]["compute_s"], "gathered": rk["phases"][1]["gathered"],
+                  "verdicts": rk["phases"][1]["verdicts"]} for rk in made_up])  # the old case
+    verdict = LAB.judge(ns, "check_detector_live")
+    assert not verdict.passed and verdict.message.startswith("hidden case 2/2"), verdict
+    assert launches.calls == 1
+
+
+def test_honest_detector_passes_the_live_check(tmp_path, monkeypatch, lab_ns, launches):
+    """The torch.quantile detector written differently from the reference, in the loop."""
+    honest = _student(tmp_path, monkeypatch, _HONEST["check_detector_recorded"])
+    ns = _live_ns(lab_ns, honest)
+    for seed in (3, "grade:bo"):
+        verdict = LAB.judge(dict(ns), "check_detector_live", seed=seed)
+        assert verdict.passed, (seed, verdict.message)
+    assert launches.calls == 2
+
+
+def test_live_check_follows_this_run_s_times_not_the_injection(tmp_path, monkeypatch, lab_ns, launches):
     """On a loaded machine the injected rank may not look slow: the reference rule then
     answers [] on the gathered times, and a detector that says so passes; one hard-wired
     to name the injected rank fails."""
@@ -388,6 +481,34 @@ def test_wrong_gather_on_two_ranks_fails_gather_and_live_checks(tmp_path, monkey
         for gid in ("check_gather", "check_detector_live"):
             verdict = LAB.judge(dict(ns), gid)
             assert verdict.passed == passes, (source is wrong, gid, verdict.message)
+    # the check's own launch (2 real ranks on hidden times): an honest file written
+    # differently (all_gather_object, a torch detector) passes; the all_reduce gather,
+    # with this run's records made up to pass, fails there
+    honest = _HONEST["check_detector_recorded"].replace(_GATHER_BODY, (
+        "    everyone = [None] * dist.get_world_size()\n"
+        "    dist.all_gather_object(everyone, float(local_s))\n"
+        "    return [float(v) for v in everyone]\n"))
+    assert honest != _HONEST["check_detector_recorded"]
+    made_up = _ranks(_student(tmp_path, monkeypatch, _FILE), _own())
+    for source, passes in ((honest, True), (wrong, False)):
+        ns = dict(lab_ns, ranks=made_up, straggler_student=_student(tmp_path, monkeypatch, source))
+        verdict = LAB.judge(ns, "check_detector_live", seed="grade:bo")
+        assert verdict.passed == passes, (source is wrong, verdict.message)
+        assert passes or verdict.message.startswith("hidden case 2/2"), verdict.message
+
+
+def test_detector_rank_rejects_a_schedule_without_a_row_per_rank():
+    import torch.distributed as dist
+
+    from perflab.labs.lab07 import detector_rank
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for bad in ([[[0.1], [0.2]]], [[[]]]):
+            with pytest.raises(ValueError, match="one row of >= 1 step per rank"):
+                detector_rank(bad, "straggler_student")
+    finally:
+        dist.destroy_process_group()
 
 
 # -- check_rank_loss: the ranks' summed gradient is the full-batch gradient ---------------------

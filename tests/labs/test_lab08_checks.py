@@ -6,9 +6,12 @@ passes, and typical mistakes, answers written for the examples only and answers 
 only delegate to perflab or to the library call the judge uses fail (``FlopCounterMode`` for
 the analytic FLOPs, ``torch.utils.benchmark.Timer`` for the timer; a timer returning equal
 values, an average or a running total fails on hidden steps whose sleeps change from call
-to call). The report check runs on a fixed, made-up run (an
-ablation table, MFU rows, a roofline, a placement and a memory peak), so no test here
-times anything; the glue (perflab.labs.lab08) is tested at the end.
+to call). The report check calls the student's ``write_report(run)`` on runs drawn in
+the grader; here its self-check reads a fixed, made-up run (an ablation table, MFU rows, a
+roofline, a placement and a memory peak), so no test here times anything. A report made
+up together with the run it reports on (what the kernel's word let pass before the check
+drew its runs) and one that reads the notebook's variables instead of ``run`` pass the
+self-check and fail the graded runs. The glue (perflab.labs.lab08) is tested at the end.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import torch
 
 from tests.conftest import slow
 from tests.labs.labcheck import Lab, grade_wrong, notebook_points
+from perflab.course.checks import split_check
 from perflab.analysis.roofline import MatmulRoof, Roofline
 from perflab.labs.lab08.report import (flatten_numbers, report_numbers, report_problems,
                                        rungs_called_kept, unmeasured_numbers)
@@ -540,11 +544,11 @@ def test_lab08_graded_in_the_sandbox(tmp_path):
     assert all(c.status == "passed" for gid, c in wrong.items() if gid != "check_training")
 
 
-# --- the report check on a fixed, made-up run ---------------------------------------
+# --- the report check: write_report on a fixed, made-up run and on drawn runs --------
 
-@pytest.fixture(scope="module")
-def report_ns(ns):
-    scope = dict(ns)
+def _fixed_run() -> dict:
+    """A run as the notebook's ``this_run``: an ablation table, the kept changes together,
+    MFU rows, a roofline, a placement and a memory peak, made up."""
     rows = []
     for model, change, status, speedup, p in [
             ("resnet18", "loader", "dropped", 0.91, 0.84), ("resnet18", "autocast", "dropped", 0.2031, 0.996),
@@ -555,7 +559,6 @@ def report_ns(ns):
                      "ci_high": speedup * 1.1, "p_value": p, "reason": ""})
     rows.append({"model": "gpt-tiny", "change": "cuda_graphs", "status": "skipped",
                  "reason": "needs a CUDA device"})
-    ablation = pd.DataFrame(rows)
     best = {"resnet18": {"changes": ["channels_last", "threads"], "naive_ms": 100.0, "step_ms": 55.5,
                          "speedup": 1.8018, "ci_low": 1.6, "ci_high": 2.0, "p_value": 0.004},
             "gpt-tiny": {"changes": ["foreach"], "naive_ms": 20.0, "step_ms": 18.0, "speedup": 1.1111,
@@ -565,46 +568,145 @@ def report_ns(ns):
                        "step_ms": b["step_ms"], "ckpt_step_ms": 70.0, "peak_gflops": 190.0,
                        "mfu_pct": 14.2222, "hfu_pct": 15.11, "ckpt_mfu_pct": 11.3}
                 for name, b in best.items()}
-    roof = Roofline(device="cpu", device_name="AMD EPYC", threads=2,
-                    matmul=(MatmulRoof("fp32", 190.0, 1024), MatmulRoof("bf16", 12.0, 256),
-                            MatmulRoof("fp16", 10.0, 256)), bandwidth_gb_s=9.5, copy_mib=64)
     placement = pd.DataFrame([
         {"op": "addmm", "kind": "matmul", "shapes": "[[384], [256, 128], [128, 384]]", "calls": 8, "time_us": 900.0,
          "flops": 25165824, "bytes": 457216, "intensity": 55.04, "achieved_gflops": 223.7,
          "memory_bound": False},
         {"op": "gelu", "kind": "elementwise", "shapes": "[[8, 32, 512], []]", "calls": 8, "time_us": 300.0, "flops": 1048576,
          "bytes": 1048576, "intensity": 1.0, "achieved_gflops": 27.96, "memory_bound": True}])
-    scope.update(ablation=ablation, best=best, mfu_runs=mfu_runs, roof=roof, ridge=20.0,
-                 placement=placement, memory_bound_ops=["gelu"], compute_bound_ops=["addmm"],
-                 MIB=2 ** 20, memory_peak={"peak_bytes": 150_000_000, "time_us": 12.5,
-                                           "category": "PARAMETER", "alloc_id": 3,
-                                           "alloc_bytes": 9_437_184})
+    return {"ablation": pd.DataFrame(rows), "best": best, "mfu_runs": mfu_runs, "ridge": 20.0,
+            "placement": placement, "memory_bound_ops": ["gelu"],
+            "memory_peak": {"peak_bytes": 150_000_000, "time_us": 12.5, "category": "PARAMETER",
+                            "alloc_id": 3, "alloc_bytes": 9_437_184},
+            "roof": Roofline(device="cpu", device_name="AMD EPYC", threads=2,
+                             matmul=(MatmulRoof("fp32", 190.0, 1024), MatmulRoof("bf16", 12.0, 256),
+                                     MatmulRoof("fp16", 10.0, 256)), bandwidth_gb_s=9.5, copy_mib=64)}
+
+
+#: The given cell after the answer: it builds ``this_run`` from the notebook's values and
+#: calls the student's write_report on it.
+_LIVE = next(c.source for c in LAB.nb.cells if c.source.startswith("this_run = {"))
+
+
+@pytest.fixture(scope="module")
+def report_ns(ns):
+    """The set-up cell's namespace with the sections' values of a made-up run (ablation,
+    best, mfu_runs, roof, ridge, placement, memory_bound_ops, memory_peak)."""
+    return dict(ns, **_fixed_run())
+
+
+def _report(report_ns, answer: str) -> dict:
+    """``answer`` (the report answer cell) run, then the given cell that builds
+    ``this_run`` and calls write_report on it, as the notebook runs them."""
+    scope = dict(report_ns)
+    LAB.run_code(scope, answer)
+    LAB.run_code(scope, _LIVE)
     return scope
 
 
-def test_reference_report_passes(report_ns):
-    v = LAB.verdict(report_ns, LAB.solution("report"), "check_report")
+def _answer_with(extra: str) -> str:
+    """The reference write_report with ``extra`` (lines on ``report``) before it returns."""
+    src = LAB.solution("report")
+    last = '    return "\\n".join(lines)\n'
+    assert last in src
+    return src.replace(last, '    report = "\\n".join(lines)\n' + extra + "    return report\n")
+
+
+@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+def test_reference_report_passes(report_ns, seed):
+    scope = _report(report_ns, LAB.solution("report"))
+    LAB.run_code(dict(scope), split_check(LAB.cells["check_report"]).probe)   # the self-check
+    v = LAB.judge(scope, "check_report", seed=seed)
     assert v.passed, v.message
 
 
+def test_honest_report_written_differently_passes(report_ns):
+    """Sentences per model, other precisions, MIB from the set-up cell, p-values to 3
+    significant digits."""
+    honest = """
+def write_report(run):
+    table, out = run["ablation"], []
+    for model in run["models"]:
+        mine = table[(table.model == model) & (table.status != "skipped")]
+        for r in mine.itertuples():
+            verdict = "kept" if r.status == "kept" else "dropped"
+            out.append(f"For {model}, {r.change} was {verdict}: {r.speedup:.3f}x per step "
+                       f"(p-value {r.p_value:.3g}).")
+        b, m = run["best"][model], run["mfu"][model]
+        if b["speedup"] is not None:
+            out.append(f"All of {model}'s kept changes at once: {b['speedup']:.3f}x.")
+        out.append(f"{model} reaches an MFU of {m['mfu_pct']:.1f} %." if m["mfu_pct"] is not None
+                   else f"The MFU of {model} is unavailable here.")
+    ops = run["memory_bound_ops"]
+    out.append(("Memory-bound on the roofline: " + ", ".join(ops) + ".") if ops
+               else "No placed operator was memory-bound.")
+    peak = run["memory_peak"]
+    out.append(f"At the memory peak of {peak['peak_bytes'] / MIB:.1f} MiB, {peak['category']} "
+               "held the most bytes.")
+    return " ".join(out)
+"""
+    scope = _report(report_ns, honest)
+    LAB.run_code(dict(scope), split_check(LAB.cells["check_report"]).probe)
+    for seed in (0, 3, "grade:bo"):
+        v = LAB.judge(dict(scope), "check_report", seed=seed)
+        assert v.passed, (seed, v.message)
+
+
 REPORT_WRONG = {
-    "a typed-in number": "\nreport += ' The step took 17 minutes.'",
-    "a figure off by rounding": "\nreport += f' MFU {mfu_runs[\"resnet18\"][\"mfu_pct\"] * 1.07:.2f} %.'",
-    "a dropped change called kept": "\nreport = report.replace('autocast was dropped', 'autocast was kept')",
-    "no MFU": "\nreport = report.replace('MFU', 'utilisation')",
-    "no memory category": "\nreport = report.replace(memory_peak['category'], 'weights')",
-    "no memory-bound operator": "\nreport = report.replace('gelu', 'an elementwise op')",
-    "kept changes not called kept": "\nreport = report.replace('was kept', 'was timed')",
-    "a change left out": "\nreport = '\\n'.join(l for l in report.split('\\n') if 'loader' not in l)",
+    "a typed-in number": "    report += ' The step took 17 minutes.'\n",
+    "a figure off by rounding": (
+        "    m = next(m for m in run['mfu'].values() if m['mfu_pct'] is not None)\n"
+        "    report += f' MFU {m[\"mfu_pct\"] * 1.07:.2f} %.'\n"),
+    "a dropped change called kept": "    report = report.replace('was dropped', 'was kept', 1)\n",
+    "no MFU": "    report = report.replace('MFU', 'utilisation')\n",
+    "no MFU value": ("    for m in run['mfu'].values():\n"
+                     "        if m['mfu_pct'] is not None:\n"
+                     "            report = report.replace(f\"MFU {m['mfu_pct']:.2f} %\", 'MFU')\n"),
+    "no memory category": "    report = report.replace(run['memory_peak']['category'], 'weights')\n",
+    "no memory-bound operator": ("    report = '\\n'.join(l for l in report.split('\\n')\n"
+                                 "                       if not l.startswith('- Roofline'))\n"),
+    "kept changes not called kept": "    report = report.replace('was kept', 'was timed')\n",
+    "a change left out": ("    gone = report.split('\\n')[1].split()[2]\n"
+                          "    report = '\\n'.join(l for l in report.split('\\n') if gone not in l)\n"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(REPORT_WRONG))
 def test_wrong_report_fails(report_ns, name):
-    code = LAB.solution("report").replace("### END SOLUTION", REPORT_WRONG[name] + "\n### END SOLUTION")
-    v = LAB.verdict(report_ns, code, "check_report")
+    scope = _report(report_ns, _answer_with(REPORT_WRONG[name]))
+    v = LAB.judge(scope, "check_report")
     assert not v.passed, f"{name} passed check_report"
     assert v.message.startswith("hidden case"), v.message
+
+
+#: Reports that pass the self-check on this run and earned the points when the check read
+#: the kernel's own values (the old graded part): made up together with the run they
+#: report on, or written from the notebook's variables instead of ``run``.
+REPORT_ON_THE_KERNEL_S_WORD = {
+    # a report and the run it cites made up together: the notebook's this_run is
+    # rebuilt from made-up values (here the fixed run's), whatever write_report is given
+    "made up with its run": (
+        LAB.solution("report").replace("def write_report(run):", "def _honest(run):", 1)
+        + "\n\n\ndef write_report(run):\n"
+          "    return _honest(MADE_UP)\n"),
+    # the notebook's variables, not run: right on this run only
+    "the notebook's variables": (
+        LAB.solution("report").replace("def write_report(run):", "def _honest(run):", 1)
+        + "\n\n\ndef write_report(run):\n"
+          "    return _honest({'device': device.type, 'models': list(MODELS), 'ridge': ridge,\n"
+          "                    'config': {'image_size': IMAGE_SIZE, 'seq_len': SEQ_LEN, 'iters': ITERS},\n"
+          "                    'ablation': ablation, 'best': best, 'mfu': mfu_runs,\n"
+          "                    'memory_bound_ops': memory_bound_ops, 'memory_peak': memory_peak})\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPORT_ON_THE_KERNEL_S_WORD))
+def test_report_on_the_kernel_s_word_fails_the_drawn_runs(report_ns, name):
+    made_up = _report(report_ns, LAB.solution("report"))["this_run"]
+    scope = _report(dict(report_ns, MADE_UP=made_up), REPORT_ON_THE_KERNEL_S_WORD[name])
+    LAB.run_code(dict(scope), split_check(LAB.cells["check_report"]).probe)   # self-check passes
+    v = LAB.judge(scope, "check_report")
+    assert not v.passed and v.message.startswith("hidden case 1/3"), v.message
 
 
 # --- the report checker (perflab.labs.lab08.report) ----------------------------------
@@ -647,6 +749,37 @@ def test_report_problems_names_what_is_wrong():
     assert "at least 30 words" in report_problems(None, _VALUES, [])[0]
 
 
+def test_run_report_problems_reads_the_run():
+    """The rule the report check applies to a run: its numbers (the memory peak also in
+    MiB, the lab's settings), every timed change named, kept ones called kept, each MFU and
+    combined speedup printed, a memory-bound operator as a word, the peak's category."""
+    from perflab.labs.lab08.report import run_numbers, run_report_problems
+
+    run = {"models": ["m"], "ablation": [
+               {"model": "m", "change": "autocast", "status": "kept", "speedup": 1.52, "p_value": 0.004},
+               {"model": "m", "change": "matmul_precision", "status": "dropped", "speedup": 0.9, "p_value": 0.6},
+               {"model": "m", "change": "compile", "status": "skipped", "reason": "quick preset"}],
+           "best": {"m": {"speedup": 1.4987}}, "mfu": {"m": {"mfu_pct": 12.345, "source": "measured"}},
+           "memory_bound_ops": ["mul"], "memory_peak": {"peak_bytes": 3 * 2 ** 20, "category": "ACTIVATION"}}
+    assert {"run.memory_peak.peak_bytes": 3 * 2 ** 20, "memory_mib.peak_bytes": 3.0,
+            "settings.confidence_pct": 95} .items() <= run_numbers(run).items()
+    text = ("On m, autocast was kept: 1.52x (p = 0.004, 95 % confidence); matmul_precision was "
+            "dropped: 0.90x (p = 0.6). Together the kept changes give 1.50x. MFU 12.35 % of the "
+            "peak. mul is memory-bound. The peak of 3.0 MiB is mostly ACTIVATION, as measured here.")
+    assert run_report_problems(text, run, CHANGES) == []
+    for wrong, why in [(text.replace("1.50x", "1.5x and 1.6x"), "not values this run measured"),
+                       (text.replace("MFU 12.35 % of the peak", "MFU as printed above"), "give m's MFU"),
+                       (text.replace("Together the kept changes give 1.50x.", "Together: more."),
+                        "kept changes together"),
+                       (text.replace("mul is", "matmul_precision is"), "memory-bound operator"),
+                       (text.replace("ACTIVATION", "activations"), "the peak's category"),
+                       (text.replace("autocast was kept", "autocast was timed"), "which changes were kept"),
+                       (text.replace("; matmul_precision was dropped: 0.90x (p = 0.6)", ""),
+                        "every change it timed")]:
+        assert any(why in m for m in run_report_problems(wrong, run, CHANGES)), (why, wrong)
+    assert "at least 30 words" in run_report_problems(None, run, CHANGES)[0]
+
+
 def test_flatten_numbers_walks_frames_and_skips_non_numbers():
     df = pd.DataFrame({"x": [1.5, float("nan")], "s": ["a", "b"]})
     got = flatten_numbers({"df": df, "l": [1, True, None, "2"], "n": 3.25})
@@ -655,6 +788,8 @@ def test_flatten_numbers_walks_frames_and_skips_non_numbers():
 
 @pytest.mark.parametrize("call, field", [
     (lambda: report_numbers(3), "text must be a str"),
+    (lambda: __import__("perflab.labs.lab08.report", fromlist=["run_numbers"]).run_numbers([]),
+     "run must be a dict"),
     (lambda: rungs_called_kept(b"amp"), "text must be a str"),
     (lambda: unmeasured_numbers("1", {"a": "1.0"}), "measured values must be numbers"),
     (lambda: unavailable_change("warp", "resnet18", "cpu"), "unknown change"),

@@ -16,7 +16,12 @@ This module reads a report's text and says where it is not:
   in its clause is "kept" (not "not kept", "dropped", "did not help", ...);
 * :func:`report_problems` puts both together into messages a check can assert on;
 * :func:`flatten_numbers` turns what a lab measured (dicts, lists, DataFrames, plain
-  numbers) into the ``{name: value}`` mapping the others compare against.
+  numbers) into the ``{name: value}`` mapping the others compare against;
+* :func:`run_numbers` and :func:`run_report_problems` are Lab 08's rule for a report on a
+  *run* (the dict its ``write_report(run)`` reads: the ablation, the kept changes
+  together, MFU, the roofline placement, the memory peak): the numbers it may print, and
+  everything its report must say. The lab's self-check applies them to this run and
+  grading to runs drawn at grade time.
 
 Why our own parser: the rule ("every number is a measured value at its printed
 precision") is this course's, and no library states it; Python's own ``format`` decides
@@ -32,7 +37,13 @@ from typing import Any, Iterable, Mapping, Sequence
 from perflab.ladder.rungs import RUNGS
 
 __all__ = ["ReportNumber", "report_numbers", "unmeasured_numbers", "rungs_called_kept",
-           "report_problems", "flatten_numbers"]
+           "report_problems", "flatten_numbers", "REPORT_SETTINGS", "run_numbers",
+           "run_report_problems"]
+
+#: The lab's fixed settings a report may print besides the run's values: the confidence
+#: level of every interval (95 %), the test's alpha and the profiled steps of the memory
+#: timeline.
+REPORT_SETTINGS = {"confidence_pct": 95, "alpha": 0.05, "steps_profiled": 2}
 
 _NUM = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _LIST_MARKER = re.compile(r"(?m)^[ \t]*(?:[-*][ \t]+)?\d+[.)](?=[ \t])")
@@ -227,3 +238,89 @@ def flatten_numbers(obj: Any, prefix: str = "") -> dict[str, float]:
         for i, v in enumerate(obj):
             out.update(flatten_numbers(v, f"{prefix}[{i}]"))
     return out
+
+
+def _rows(table: Any) -> list[dict]:
+    """A table's rows as dicts: a DataFrame's records, or a list of dicts as given."""
+    if hasattr(table, "to_dict") and not isinstance(table, Mapping):
+        return table.to_dict("records")
+    return [dict(r) for r in table]
+
+
+def run_numbers(run: Mapping[str, Any]) -> dict[str, float]:
+    """Every number a report on ``run`` may print, as ``{path: value}``: every number in
+    ``run`` (:func:`flatten_numbers`: the tables cell by cell, the nested dicts), the memory
+    peak's byte counts in MiB (``run["memory_peak"]``'s ints / 2**20) and
+    :data:`REPORT_SETTINGS`.
+
+    Raises:
+        ValueError: ``run`` is not a mapping.
+    """
+    if not isinstance(run, Mapping):
+        raise ValueError(f"run must be a dict of the run's values, got {type(run).__name__}")
+    peak = run.get("memory_peak") or {}
+    mib = {k: v / 2 ** 20 for k, v in peak.items()
+           if isinstance(v, int) and not isinstance(v, bool)}
+    return flatten_numbers({"run": dict(run), "memory_mib": mib, "settings": REPORT_SETTINGS})
+
+
+def run_report_problems(text: Any, run: Mapping[str, Any], rungs: Sequence[str]) -> list[str]:
+    """What Lab 08's report on ``run`` gets wrong, as messages (empty: nothing).
+
+    ``run`` holds ``"models"``, ``"ablation"`` (a DataFrame or a list of row dicts: model,
+    change, status "kept"/"dropped"/"skipped", speedup, ...), ``"best"`` (per model, the
+    kept changes together: ``"speedup"``, None when nothing was kept), ``"mfu"`` (per model:
+    ``"mfu_pct"``, None when unavailable), ``"memory_bound_ops"`` and ``"memory_peak"``
+    (``"category"``), and any other values the report may print. The report must pass
+    :func:`report_problems` against :func:`run_numbers` (at least 30 words, every number
+    a value of the run at its printed precision, no change called kept that the ablation
+    did not keep), name every change the ablation timed, call every kept change kept,
+    give the word MFU and each model's MFU value where known, each model's kept changes'
+    speedup together where something was kept, a memory-bound operator when there is one,
+    and the category that held the most memory at the peak.
+
+    Args:
+        text: the report (anything else is one problem).
+        run: the run's values, as above.
+        rungs: the change names to look for (Lab 08's ``CHANGES``).
+
+    Raises:
+        ValueError: ``run`` is not a mapping.
+    """
+    values = run_numbers(run)
+    rows = _rows(run["ablation"])
+    kept = sorted({r["change"] for r in rows if r["status"] == "kept"})
+    timed = sorted({r["change"] for r in rows if r["status"] != "skipped"})
+    problems = report_problems(text, values, kept, rungs=rungs)
+    if not isinstance(text, str):
+        return problems
+    unnamed = [c for c in timed if not re.search(rf"(?<![\w.]){re.escape(c)}(?!\w)", text)]
+    if unnamed:
+        problems.append("say what the ablation found for every change it timed: no "
+                        + ", ".join(unnamed))
+    unlabelled = sorted(set(kept) - set(rungs_called_kept(text, rungs)))
+    if unlabelled:
+        problems.append("say which changes were kept: the report does not call "
+                        + ", ".join(unlabelled) + " kept")
+    numbers = report_numbers(text)
+
+    def printed(value: float) -> bool:
+        return any(_matches(n, [float(value)]) for n in numbers)
+
+    if "MFU" not in text:
+        problems.append("give each model's MFU (the word MFU and its value)")
+    for name in run["models"]:
+        mfu = run["mfu"][name].get("mfu_pct")
+        if mfu is not None and not printed(mfu):
+            problems.append(f"give {name}'s MFU, {mfu!r} %, printed from the run")
+        together = run["best"][name].get("speedup")
+        if together is not None and not printed(together):
+            problems.append(f"give the speedup of {name}'s kept changes together "
+                            f"({together!r}x), printed from the run")
+    ops = list(run["memory_bound_ops"])   # as words: "mul" in matmul_precision is no operator
+    if ops and not any(re.search(rf"(?<![\w.]){re.escape(op)}(?!\w)", text) for op in ops):
+        problems.append(f"name a memory-bound operator of your placement: {', '.join(ops)}")
+    category = run["memory_peak"]["category"]
+    if category not in text:
+        problems.append(f"name the peak's category ({category})")
+    return problems
