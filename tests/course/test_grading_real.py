@@ -30,7 +30,7 @@ def _edit(nb, gid, src):
     ("00", 3, "throughput",
      "def my_throughput(batch_size, step):\n    return batch_size * step.median",
      "check_throughput"),
-    # Lab 07 grades a live 2-rank verdict; one reference graded side by side with the
+    # Lab 07 grades a 2-rank launch of the detector; one reference graded side by side with the
     # wrong answer (about a minute each to grade) keeps CI short; Lab 00 above is the one
     # graded repeatedly
     # ("twice as slow is 100 % slower": the extra time, not the lost share of throughput)
