@@ -182,23 +182,6 @@ def error_grade(student: str, lab: str, notebook: Path | None, graded: dict[str,
     return LabGrade(student, lab, notebook, checks, error=error)
 
 
-def _records(path: Path) -> tuple[list[dict], int]:
-    """The channel's JSON records, and how many lines were not JSON (a grader bug)."""
-    out, bad = [], 0
-    if not path.exists():
-        return out, bad
-    for ln in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(ln)
-            if isinstance(rec, dict):
-                out.append(rec)
-                continue
-        except ValueError:
-            pass
-        bad += 1 if ln.strip() else 0
-    return out, bad
-
-
 def _tail(path: Path) -> str:
     if not path.exists():
         return ""
