@@ -17,6 +17,9 @@ the reference that judges it.
   unsplit pipeline's loss and gradients, the stage split, the op order and stash peak of
   GPipe and 1F1B as torch's schedules run them, and the seal that ties one launch's
   records to the cases the grader drew.
+* :mod:`perflab.course.references.sealing`: the seal (an HMAC under this grading
+  process's key) that ties one launch's records to the cases drawn here, for the checks
+  of Labs 06 and 10 that share a launch.
 * :mod:`perflab.course.references.traces`: hidden windows of the real GPU traces in
   ``perflab/recordings/gpu`` (perturbed by the grader) and HTA's idle, temporal and
   overlap analyses of them (Labs 01, 08 and 06).

@@ -10,10 +10,6 @@ A run is ``{"sizes", "bucket_cap_mb", "steps", "batch", "lr", "seed", "edges"}``
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import secrets
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,6 +17,7 @@ import torch
 
 from perflab.labs.lab06.checks import edge_mlp
 from perflab.models import mlp, mlp_batches
+from perflab.course.references.sealing import is_sealed, seal  # re-exported
 
 __all__ = ["WORLD_SIZE", "seal", "is_sealed", "draw_runs", "run_model", "mean_grads",
            "same_grads", "ddp_buckets", "assignment_cases", "torch_assignment",
@@ -28,22 +25,6 @@ __all__ = ["WORLD_SIZE", "seal", "is_sealed", "draw_runs", "run_model", "mean_gr
 
 #: Ranks of the graded launch.
 WORLD_SIZE = 2
-#: This grading process's key for :func:`seal` (never leaves the grader: the sandbox has
-#: no ``perflab.course.references``).
-_SEAL_KEY = secrets.token_bytes(32)
-
-
-def seal(value: Any) -> str:
-    """An HMAC-SHA256 of ``value`` (JSON data) under this grading process's key: the first
-    graded check's case carries it into the sandbox, a later check's judge gets it back
-    with the value and :func:`is_sealed` tells whether the value is the one drawn here."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return hmac.new(_SEAL_KEY, text.encode(), hashlib.sha256).hexdigest()
-
-
-def is_sealed(value: Any, tag: Any) -> bool:
-    """Whether ``tag`` is :func:`seal` ``(value)`` (a constant-time comparison)."""
-    return isinstance(tag, str) and hmac.compare_digest(seal(value), tag)
 
 
 def run_model(sizes: Sequence[int], seed: int = 0, edges: bool = False) -> torch.nn.Sequential:

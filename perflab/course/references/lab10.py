@@ -9,24 +9,17 @@ torch tensor parallelism (``parallel_mlp``, ``parallel_block``, the 2-D layout's
 the first of a shared launch judge the cases the first one drew."""
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import secrets
 from typing import Any
 
 import torch
 
 from perflab.labs.lab10.models import mlp_block, pipeline_batch, pipeline_model, tp_tensors
+from perflab.course.references.sealing import is_sealed, seal  # re-exported
 
 __all__ = ["tp_reference", "pipeline_reference_loss", "pipeline_reference", "stage_blocks",
            "schedule_order", "stash_peak", "seal", "is_sealed", "judge_pipeline",
            "block_reference", "judge_block", "judge_dtensor_block", "seal_torch_tp",
            "judge_dtensor_mlp", "judge_two_d", "judge_torch_tp"]
-
-#: This grading process's key for :func:`seal` (never leaves the grader: the sandbox has
-#: no ``perflab.course.references``).
-_SEAL_KEY = secrets.token_bytes(32)
 
 
 def tp_reference(case: dict[str, int]) -> dict[str, Any]:
@@ -145,19 +138,6 @@ def stash_peak(schedule: str, stages: int, stage: int, m: int) -> int:
         live += 1 if op[0] == "F" else -1
         peak = max(peak, live)
     return peak
-
-
-def seal(value: Any) -> str:
-    """An HMAC-SHA256 of ``value`` (JSON data) under this grading process's key: a
-    check's case carries it into the sandbox, a later check's judge gets it back with
-    the value and :func:`is_sealed` tells whether the value is the one drawn here."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return hmac.new(_SEAL_KEY, text.encode(), hashlib.sha256).hexdigest()
-
-
-def is_sealed(value: Any, tag: Any) -> bool:
-    """Whether ``tag`` is :func:`seal` ``(value)`` (a constant-time comparison)."""
-    return isinstance(tag, str) and hmac.compare_digest(seal(value), tag)
 
 
 def _close(got: Any, want: list, atol: float = 1e-6, rtol: float = 1e-4) -> bool:
