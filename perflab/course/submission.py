@@ -485,7 +485,8 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         if bad:
             grade.notes.append(f"{bad} line(s) of the grading process's records were not "
                                "JSON records (ignored)")
-        _score(grade, assembled, graded, by_check, cell_records, run.timed_out, limits)
+        _score(grade, assembled, graded, by_check, cell_records, run.timed_out, limits,
+               stopped=run.stopped, returncode=run.returncode)
         # 2. The notebook under nbval in a kernel, its checks left out: the log of what
         # the student's cells print and where one stops. No point comes from it.
         if notebook_run == "always" or (notebook_run == "on-failure" and (
@@ -520,7 +521,7 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
 
 def _score(grade: LabGrade, assembled, graded: dict[str, float],
            by_check: dict[str, list[dict]], cell_records: list[dict], hit_wall: bool,
-           limits: Limits) -> None:
+           limits: Limits, stopped: str = "", returncode: int | None = None) -> None:
     """Judge the grading process's records (:func:`perflab.course.grading_process.main`)
     outside the sandbox: each check earns its points when exactly one record came back
     and its answers pass the judge on every hidden case."""
@@ -531,7 +532,13 @@ def _score(grade: LabGrade, assembled, graded: dict[str, float],
                    "reached" if hit_wall else
                    f"not run: {stop['message']}, which stopped the grading process"
                    if stop is not None else
+                   f"not run: the grader stopped the grading process ({stopped})"
+                   + (f" after cell {last + 1}" if last is not None else "")
+                   if stopped else
                    "not run: the grading process stopped before this check"
+                   + (f" (exit status {returncode}"
+                      + (f", killed by signal {-returncode}" if returncode < 0 else "")
+                      + ")" if returncode else "")
                    + (f" (the last cell it finished was cell {last + 1}; see the log)"
                       if last is not None else " (see the log)"))
     for gid, pts in graded.items():

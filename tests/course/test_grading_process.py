@@ -222,3 +222,24 @@ def test_magic_runner_writes_files_and_refuses_unknown_magics(tmp_path, monkeypa
     with pytest.raises(ValueError, match="one file name"):
         ip.run_cell_magic("writefile", "", "x")
     assert issubclass(ForbiddenHelperError, RuntimeError)
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"stopped": "its processes together used 6.2 GiB, more than the memory cap of 6 GiB"},
+     "the grader stopped the grading process (its processes together used 6.2 GiB"),
+    ({"returncode": -9}, "exit status -9, killed by signal 9"),
+    ({"returncode": 1}, "exit status 1)"),
+    ({}, "the grading process stopped before this check (the last cell it finished"),
+])
+def test_a_check_that_never_ran_says_why(kw, says):
+    """A check with no record gets 0 and a reason naming what stopped the process
+    (the grader's cap, the exit status, or only where it got to)."""
+    from perflab.course.submission import LabGrade, Limits, _score
+
+    grade = LabGrade("ada", "09", None, [])
+    nothing_assembled = None  # read only for checks that sent a record; this one sent none
+    _score(grade, nothing_assembled, {"check_answer": 2.0}, {}, [{"cell": 1, "seconds": 0.1}],
+           False, Limits(), **kw)
+    (row,) = grade.checks
+    assert row.points == 0 and row.status == "not run"
+    assert says in row.message, row.message
