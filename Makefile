@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_TESTED := 2.13.0
 SUBMISSIONS ?= submissions
 
-.PHONY: setup demo test test-fast labs check-labs check-solutions test-browser grade wheel-smoke clean gpu-check
+.PHONY: setup demo test test-fast labs check-labs check-solutions test-browser grade wheel-smoke release-smoke clean gpu-check
 
 setup: $(VENV)/.perflab-installed
 
@@ -152,6 +152,36 @@ wheel-smoke: setup
 	venv/bin/perflab kernel install --prefix "$$dir/jupyter"; \
 	test -f "$$dir/jupyter/share/jupyter/kernels/perflab/kernel.json"; \
 	step "wheel smoke passed"
+
+# The student release as a student gets it: `perflab course release` into a scratch
+# folder, then its one set-up command (`python3 install.py`) into a fresh virtual
+# environment, timed; then checks that torch imports at the tested version (when the
+# machine had none), no nvidia-* (CUDA) package was installed on a machine without an
+# NVIDIA GPU, perflab imports from the release, the dataset and the Jupyter kernel are
+# there, and `perflab doctor` runs. CI runs it beside the wheel smoke.
+release-smoke: setup
+	@set -eu; dir=$$(mktemp -d "$${TMPDIR:-/tmp}/perflab-release-smoke.XXXXXX"); \
+	trap 'rm -rf "$$dir"' EXIT; \
+	$(VENV)/bin/perflab course release "$$dir/release" > "$$dir/release.log" 2>&1 \
+		|| { tail -30 "$$dir/release.log"; exit 1; }; \
+	had_torch=$$($(PYTHON) -c "import torch; print(torch.__version__)" 2>/dev/null || true); \
+	cd "$$dir/release"; \
+	export JUPYTER_DATA_DIR="$$dir/jupyter" PERFLAB_DATA="$$dir/data" PERFLAB_RESULTS="$$dir/results"; \
+	start=$$(date +%s); \
+	$(PYTHON) install.py; \
+	took=$$(( $$(date +%s) - start )); \
+	.venv/bin/python -c "import sys, torch, perflab, importlib.metadata as m; \
+		f = perflab.__file__; sys.exit(0 if f.startswith('$$dir/release/') else f'perflab imported from {f}')"; \
+	[ -n "$$had_torch" ] || .venv/bin/python -c "import torch, sys; \
+		sys.exit(0 if torch.__version__.split('+')[0] == '$(TORCH_TESTED)' \
+		else f'torch {torch.__version__}, not the tested $(TORCH_TESTED)')"; \
+	cuda=$$(.venv/bin/python -m pip list --format=freeze 2>/dev/null | grep -i '^nvidia' || true); \
+	if [ -n "$$cuda" ] && ! [ -d /proc/driver/nvidia/gpus ]; then \
+		echo "CUDA packages installed on a machine without an NVIDIA GPU:"; echo "$$cuda"; exit 1; fi; \
+	test -f "$$dir/jupyter/kernels/perflab/kernel.json"; \
+	test -n "$$(ls "$$dir/data")"; \
+	.venv/bin/perflab doctor > "$$dir/doctor.log" 2>&1 || { tail -30 "$$dir/doctor.log"; exit 1; }; \
+	echo "== release smoke passed: python3 install.py took $$took s"
 
 clean:
 	rm -rf $(VENV) results data/photo-patches test-output

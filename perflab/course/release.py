@@ -12,6 +12,8 @@ answers for every check, and the grader (``perflab/course/``). A release holds o
 * ``data/README.md``: how the dataset is built (the build code is
   :mod:`perflab.data.dataset`); never the built images;
 * ``docs/STUDENTS.md`` and a generated ``README.md`` (set up, open the labs);
+* ``install.py``: the one set-up command (:mod:`perflab.course.student_setup`, standard
+  library only: a venv, the tested torch when none imports, perflab, data, kernel);
 * ``pyproject.toml`` without the instructors' and developers' extras and the pytest
   configuration (which loads a grader plugin), so ``pip install -e .`` installs what
   the labs need.
@@ -185,14 +187,18 @@ def _readme(labs: list[Path], version: str) -> str:
         "",
         "## Set up, once",
         "",
-        "Python >= 3.10. From this folder:",
+        "Python >= 3.10, Linux or macOS. From this folder, one command:",
         "",
         "```bash",
-        "python3 -m venv --system-site-packages .venv  # keeps a torch you already have",
-        ".venv/bin/pip install -e .                     # perflab and what the labs use",
-        ".venv/bin/perflab data                         # builds the lab dataset (see data/)",
-        ".venv/bin/perflab doctor                       # what this machine can show",
+        "python3 install.py",
         "```",
+        "",
+        "It makes `.venv/` here (seeing a torch this machine already has, and keeping it),",
+        "installs the tested torch only when none imports (on Linux without an NVIDIA GPU",
+        "the CPU-only build from PyTorch's own index, not the CUDA build of several GB),",
+        "then perflab, the lab dataset (see data/) and the Jupyter kernel `Python (perflab)`.",
+        "It says what it runs as it goes, and can be run again. Then",
+        "`.venv/bin/perflab doctor` says what this machine can show.",
         "",
         "## Open the labs",
         "",
@@ -316,7 +322,8 @@ def release(dest: Path, *, repo: Path, check_labs: bool = True) -> ReleaseReport
     copies = {f"labs/{nb.name}": nb for nb in labs}
     copies.update({f"perflab/{rel.as_posix()}": repo / "perflab" / rel for rel in package})
     copies.update({"data/README.md": repo / "data/README.md",
-                   "docs/STUDENTS.md": repo / "docs/STUDENTS.md"})
+                   "docs/STUDENTS.md": repo / "docs/STUDENTS.md",
+                   "install.py": repo / "perflab/course/student_setup.py"})
     written = {"README.md": _readme(labs, version.group(1) if version else "(unknown version)"),
                "pyproject.toml": student_pyproject((repo / "pyproject.toml").read_text()),
                "perflab/cli/course.py": _STUB}

@@ -9,6 +9,7 @@ import argparse
 import ast
 import gzip
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -79,7 +80,9 @@ def _secret_lines() -> dict[str, str]:
 def test_release_holds_what_students_get_and_nothing_else(released):
     dest, report = released
     assert {p.name for p in dest.iterdir()} == {"README.md", "pyproject.toml", "labs",
-                                                "perflab", "data", "docs"}
+                                                "perflab", "data", "docs", "install.py"}
+    assert (dest / "install.py").read_bytes() == (
+        ROOT / "perflab" / "course" / "student_setup.py").read_bytes()
     assert sorted(p.name for p in (dest / "labs").iterdir()) == sorted(
         p.name for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
     for nb in (dest / "labs").iterdir():
@@ -99,7 +102,9 @@ def test_release_holds_what_students_get_and_nothing_else(released):
                  "docs/INSTRUCTORS.md"):
         assert gone in left
     readme = (dest / "README.md").read_text()
-    assert "pip install -e ." in readme and "labs/00_start_here.ipynb" in readme
+    setup = readme[readme.index("## Set up"):readme.index("## Open the labs")]
+    assert "```bash\npython3 install.py\n```" in setup   # the one set-up command leads
+    assert "labs/00_start_here.ipynb" in readme
 
 
 def test_release_holds_no_reference_line_hidden_test_or_rubric(released):
@@ -222,6 +227,7 @@ def _fake_repo(root: Path, *, students_doc: str = "# Students\n") -> Path:
     (root / "perflab" / "__init__.py").write_text('__version__ = "9.9"\n')
     (root / "perflab" / "cli" / "course.py").write_text("from perflab.course import x\n")
     (root / "perflab" / "course" / "grader.py").write_text(f"def judge():\n    {answer}\n")
+    (root / "perflab" / "course" / "student_setup.py").write_text("print('set up')\n")
     (root / "pyproject.toml").write_text('[project]\nname = "perflab"\n')
     (root / "docs").mkdir()
     (root / "docs" / "STUDENTS.md").write_text(students_doc)
@@ -239,7 +245,8 @@ def test_release_of_a_small_repository_leaves_the_grader_out(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     files = {str(p.relative_to(tmp_path / "out")) for p in _files(tmp_path / "out")}
     assert files == {"README.md", "pyproject.toml", "labs/00_x.ipynb", "perflab/__init__.py",
-                     "perflab/cli/course.py", "data/README.md", "docs/STUDENTS.md"}
+                     "perflab/cli/course.py", "data/README.md", "docs/STUDENTS.md",
+                     "install.py"}
     assert "perflab 9.9" in (tmp_path / "out" / "README.md").read_text()
 
 
@@ -298,3 +305,48 @@ def test_release_refuses_labs_behind_the_solutions(tmp_path, monkeypatch):
 
 def test_grader_only_code_is_left_out():
     assert release_module.GRADER_ONLY == ("course/",)
+
+
+# -- install.py, the release's one set-up command --------------------------------------------
+
+def test_install_script_pins_the_makefiles_tested_torch():
+    from perflab.course import student_setup
+
+    tested = re.search(r"^TORCH_TESTED := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert tested and student_setup.TESTED_TORCH == tested.group(1)
+
+
+@pytest.mark.parametrize("system, gpu, reachable, args, says", [
+    ("Linux", False, "", ["--index-url", "https://download.pytorch.org/whl/cpu"], "CPU-only"),
+    ("Linux", False, "URLError: no route", [], "cannot be reached (URLError: no route)"),
+    ("Linux", True, "", [], "CUDA build"),
+    ("Darwin", False, "", [], "Darwin"),
+])
+def test_install_script_chooses_the_cpu_build_without_a_gpu(system, gpu, reachable, args,
+                                                             says):
+    from perflab.course.student_setup import TESTED_TORCH, torch_plan
+
+    pip_args, why = torch_plan(system, gpu, reachable)
+    assert pip_args == [f"torch=={TESTED_TORCH}", *args]
+    assert says in why
+
+
+def test_install_script_uses_the_standard_library_only():
+    """It runs before anything is installed: no import outside the standard library."""
+    tree = ast.parse((ROOT / "perflab" / "course" / "student_setup.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+def test_install_script_refuses_to_run_outside_a_release(tmp_path, capsys):
+    import shutil
+
+    script = tmp_path / "install.py"
+    shutil.copyfile(ROOT / "perflab" / "course" / "student_setup.py", script)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 1 and "no pyproject.toml beside install.py" in out.stdout
+    assert not (tmp_path / ".venv").exists()
