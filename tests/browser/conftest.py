@@ -4,7 +4,10 @@ Python is missing (`.ci/run` installs both, so CI runs them).
 
 The server serves each solution trimmed to what its panels need (:mod:`.trim`; nbval
 runs the whole notebooks) and runs kernels at the ``tiny`` preset: the browser tests
-check that the panels work in JupyterLab, not the labs' numbers."""
+check that the panels work in JupyterLab, not the labs' numbers. A solution whose sizes
+come from the preset (not :func:`.trim.tiny_runs_as_quick`) is served whole instead, its
+hidden tests cleared (:func:`.trim.whole_at_tiny`): its browser run is also its run whole
+at ``tiny``, so that a preset cannot break a lab unseen."""
 from __future__ import annotations
 
 import os
@@ -14,7 +17,7 @@ import nbformat
 import pytest
 
 from .labserver import OUTPUT, LabServer, solution_notebooks
-from .trim import Trimmed, trim_to_panels
+from .trim import Trimmed, tiny_runs_as_quick, trim_to_panels, whole_at_tiny
 
 CHROMIUM = Path(os.environ.get("PERFLAB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
@@ -24,9 +27,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
 
 @pytest.fixture(scope="session")
 def trimmed_labs() -> dict[str, Trimmed]:
-    """Solution file name -> its copy trimmed to the set-up and panel cells."""
-    return {nb.name: trim_to_panels(nbformat.read(nb, as_version=4), name=nb.name)
-            for nb in solution_notebooks()}
+    """Solution file name -> its copy trimmed to the set-up and panel cells, or whole
+    (hidden tests cleared) when its sizes come from the preset."""
+    labs = {}
+    for path in solution_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        labs[path.name] = (trim_to_panels(nb, name=path.name) if tiny_runs_as_quick(nb)
+                           else whole_at_tiny(nb, name=path.name))
+    return labs
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,10 @@ Chromium.
 
 For each solution notebook, the server holds a copy trimmed to its set-up and panel
 cells (:mod:`.trim` states the rule; nbval runs the whole notebooks) and runs it at the
-``tiny`` preset. The test opens it, runs all cells, checks that every cell ran and that
+``tiny`` preset; a notebook whose sizes come from the preset is served whole, its hidden
+tests cleared (:func:`.trim.whole_at_tiny`), so its run here is also its only run whole
+at ``tiny`` (00-06 today; this replaced a separate nbclient run of each, which ran the
+same set-up cells again in a kernel of its own). The test opens it, runs all cells, checks that every cell ran and that
 exactly one panel rendered per panel cell, each with its Run button enabled, presses the
 FIRST panel's Run button once (what the UI has to prove; every panel's runs are measured
 by nbval and the panel unit tests), waits until the panel is ready for the next run (Run
@@ -25,7 +28,7 @@ from .labserver import OUTPUT, solution_notebooks
 pytestmark = pytest.mark.slow
 
 OPEN_TIMEOUT_MS = 120_000
-RUN_ALL_TIMEOUT_MS = 600_000  # set-up and panel cells at the tiny size, busy 2-core CPU
+RUN_ALL_TIMEOUT_MS = 600_000  # a whole lab at the tiny size (<= 93 s alone), busy 2-core CPU
 PANEL_TIMEOUT_MS = 300_000  # baseline + variant runs (two launches, or a ladder) per Run
 
 PROMPTS = ("[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
@@ -69,7 +72,7 @@ def _wait_kernel_idle(page, lab, name: str, timeout_s: float = 60.0) -> None:
 @pytest.mark.parametrize("notebook", solution_notebooks(), ids=lambda p: p.stem)
 def test_lab_runs_in_jupyterlab(browser, lab_server, trimmed_labs, notebook: Path):
     trimmed = trimmed_labs[notebook.name]
-    what = f"{notebook.name} (trimmed: {trimmed.describe()})"
+    what = f"{notebook.name} ({'' if trimmed.whole else 'trimmed: '}{trimmed.describe()})"
     page = browser.new_page()
     clock, phases = time.monotonic(), {}  # seconds per phase, printed (pytest -rA)
 

@@ -7,7 +7,8 @@ import nbformat
 import pytest
 
 from .labserver import solution_notebooks
-from .trim import _bindings, _reads, python_source, trim_to_panels
+from .trim import (_bindings, _reads, python_source, tiny_runs_as_quick, trim_to_panels,
+                   whole_at_tiny)
 
 
 def _nb(*cells: str) -> nbformat.NotebookNode:
@@ -118,3 +119,36 @@ def test_solutions_trim_to_a_closed_slice(notebook):
             bound, later = bound | own, later | deferred
     missing = (later & bound_in_lab) - bound
     assert not missing, f"{notebook.name}: functions kept read {missing}, never bound"
+
+
+def test_the_notebooks_served_whole_are_those_whose_code_reads_the_preset():
+    picked = {p.stem[:2] for p in solution_notebooks()
+              if not tiny_runs_as_quick(nbformat.read(p, as_version=4))}
+    assert {"00", "01", "02", "03", "04", "05"} <= picked, picked   # RunConfig.preset(PRESET)
+    for snippet, same in [('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nQUICK = PRESET != "full"', True),
+                          ('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nprint(f"{PRESET!r}")', True),
+                          ('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nc = RunConfig.preset(PRESET)', False),
+                          ('PRESET = os.environ.get("PERFLAB_PRESET", "quick")\nn = 8 if PRESET == "tiny" else 16', False),
+                          ("x = 1", True)]:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(snippet)])
+        assert tiny_runs_as_quick(nb) is same, snippet
+
+
+def test_whole_at_tiny_keeps_every_cell_and_clears_the_hidden_tests():
+    pytest.importorskip("nbgrader")
+    check = nbformat.v4.new_code_cell(
+        "# CHECK\nassert answer == 42\n### BEGIN HIDDEN TESTS\nassert secret()\n"
+        "### END HIDDEN TESTS",
+        metadata={"nbgrader": {"grade": True, "grade_id": "check_answer", "points": 1,
+                               "solution": False, "locked": True, "schema_version": 3}})
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_markdown_cell("# text"),
+        nbformat.v4.new_code_cell("answer = 42"),
+        nbformat.v4.new_code_cell("experiment_panel(config)"), check])
+    whole = whole_at_tiny(nb)
+    assert whole.whole and "whole at tiny" in whole.describe()
+    assert [c.cell_type for c in whole.notebook.cells] == [c.cell_type for c in nb.cells]
+    assert whole.panel_cells == trim_to_panels(nb).panel_cells == [3]
+    assert "assert answer == 42" in whole.notebook.cells[4].source
+    assert "secret" not in whole.notebook.cells[4].source
+    assert "secret" in nb.cells[4].source  # the source notebook is not changed

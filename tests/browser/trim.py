@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 import symtable
 from dataclasses import dataclass, field
 
@@ -51,8 +52,11 @@ class Trimmed:
     notebook: nbformat.NotebookNode
     panel_cells: list[int]
     kept: dict[int, list[int] | None] = field(default_factory=dict)  # None: whole cell
+    whole: bool = False  # the notebook whole (:func:`whole_at_tiny`), not trimmed
 
     def describe(self) -> str:
+        if self.whole:
+            return f"whole at tiny, hidden tests cleared; panel cells {self.panel_cells}"
         parts = [f"{i}" if s is None else f"{i}[statements {', '.join(map(str, s))}]"
                  for i, s in self.kept.items()]
         return (f"panel cells {self.panel_cells}; kept code cells "
@@ -224,3 +228,39 @@ def trim_to_panels(nb: nbformat.NotebookNode, *, name: str = "notebook") -> Trim
         cells.append(cell)
     out.cells = cells
     return Trimmed(out, panels, kept)
+
+
+#: How a notebook may read PRESET and still run at ``tiny`` exactly as at ``quick``: its
+#: definition, a comparison with "full", or a display inside an f-string.
+_SAME_AS_QUICK = re.compile(r'PRESET\s*=\s*os\.environ\.get\(|PRESET\s*[!=]=\s*"full"|\{PRESET(!r)?\}')
+
+
+def tiny_runs_as_quick(nb: nbformat.NotebookNode) -> bool:
+    """True when every use of the preset in the notebook's code is one of
+    :data:`_SAME_AS_QUICK`'s (or it never reads PERFLAB_PRESET at all): at ``tiny`` it
+    runs the same cells with the same sizes as at ``quick``, which nbval already runs."""
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    if "PERFLAB_PRESET" not in code:
+        return True
+    uses = len(re.findall(r"\bPRESET\b", code))
+    return uses == len(_SAME_AS_QUICK.findall(code))
+
+
+def whole_at_tiny(nb: nbformat.NotebookNode, *, name: str = "notebook") -> Trimmed:
+    """``nb`` whole (not trimmed), for a notebook whose sizes come from the preset
+    (not :func:`tiny_runs_as_quick`): the browser test then runs every cell at ``tiny``,
+    so that a preset cannot break a lab unseen (nbval runs the solutions at ``quick``; a
+    cell after the panels whose sizes come from the preset, a batch of 1 that BatchNorm
+    refuses or an empty sweep, once failed at ``tiny`` alone). Its hidden tests are
+    cleared as ``perflab course build`` clears them for students: they draw their own
+    cases, whatever the preset, and nbval runs them. The panel cells are
+    :func:`trim_to_panels`' (the same cells, whole)."""
+    from nbgrader.preprocessors import ClearHiddenTests
+
+    panels = trim_to_panels(nb, name=name).panel_cells
+    out, _ = ClearHiddenTests().preprocess(copy.deepcopy(nb), {})
+    for c in out.cells:
+        if c.cell_type == "code":
+            c.outputs, c.execution_count = [], None
+    code = [i for i, c in enumerate(out.cells) if c.cell_type == "code"]
+    return Trimmed(out, panels, {i: None for i in code}, whole=True)
