@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, graded_verdict
+from tests.labs.labcheck import REFERENCE_SEEDS, Lab, graded_verdict
 from perflab.course.answers import SKIP_TAG
 from perflab.course.checks import split_check
 
@@ -102,7 +102,7 @@ def test_reference_answers_pass_every_check(monkeypatch):
 
 
 @slow
-@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+@pytest.mark.parametrize("seed", REFERENCE_SEEDS)
 @pytest.mark.parametrize("check", GRADED_TESTED)
 def test_reference_passes_at_any_seed(lab_ns, check, seed):
     verdict = _verdict(lab_ns, check, seed=seed)

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from tests.conftest import slow
-from tests.labs.labcheck import Lab, graded_verdict
+from tests.labs.labcheck import REFERENCE_SEEDS, Lab, graded_verdict
 from perflab.course.answers import SKIP_TAG
 from perflab.course.checks import split_check
 
@@ -64,7 +64,7 @@ def _verdict(ns, check: str, code: str | None = None, seed=0):
     return LAB.judge(scope, check, seed=seed)
 
 
-@pytest.mark.parametrize("seed", [0, 1, "grade:ada"])
+@pytest.mark.parametrize("seed", REFERENCE_SEEDS)
 @pytest.mark.parametrize("check", GRADED_TESTED)
 def test_reference_passes_at_any_seed(ns, check, seed):
     verdict = _verdict(ns, check, seed=seed)

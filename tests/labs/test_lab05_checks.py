@@ -303,16 +303,12 @@ HONEST = {"check_find_breaks": _BREAKS_BY_GRAPHS,
           "check_generated_kernels": _KERNELS_BY_LINES}
 
 
+# The reference at seed 0 passes every check: nbval runs solutions/05 with its hidden
+# tests, each check's graded part on the cases drawn at seed 0 ("PASS (graded part)"), so
+# no test here repeats it (it was this file's longest, 130 s of 600 s under load; each
+# judge compiles). Here: the reference at a grading seed, honest variants, wrong answers.
 @slow
-def test_reference_answers_pass_every_check(lab_ns):
-    ns = dict(lab_ns)
-    verdicts = {gid: judge_in(ns, gid) for gid in CHECKS}
-    assert all(v.passed for v in verdicts.values()), {
-        g: v.message for g, v in verdicts.items() if not v.passed}
-
-
-@slow
-@pytest.mark.parametrize("seed", [1, "grade:ada"])
+@pytest.mark.parametrize("seed", ["grade:ada"])
 @pytest.mark.parametrize("check", GRADED_TESTED)
 def test_reference_passes_at_other_seeds(lab_ns, check, seed):
     verdict = judge_in(dict(lab_ns), check, seed=seed)
