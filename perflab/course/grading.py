@@ -336,6 +336,223 @@ def reference_notebooks(reference_dir: Path) -> dict[str, Path]:
     return refs
 
 
+
+class _Say:
+    """``progress`` for one line, or nothing; a terminal that cannot show a student's
+    name gets the line in ASCII (backslash escapes)."""
+
+    def __init__(self, progress: Callable[[str], None] | None) -> None:
+        self.progress = progress
+
+    def __call__(self, line: str) -> None:
+        if self.progress is None:
+            return
+        try:
+            self.progress(line)
+        except UnicodeError:
+            self.progress(line.encode("ascii", "backslashreplace").decode("ascii"))
+
+
+def _find_notebooks(folders: dict[str, StudentFolder], say: Callable[[str], None]
+                    ) -> tuple[dict[str, dict], dict[str, str]]:
+    """Each student's notebooks by lab (``{sid: {lab: [paths]}}``; files not named
+    ``NN_*.ipynb`` under the key None, said), and why a student cannot be graded at all
+    (``{sid: reason}``: a refused entry, a symbolic link, an unreadable folder)."""
+    found: dict[str, dict] = {sid: {} for sid in folders}
+    problem = {sid: f.error for sid, f in folders.items() if f.error}
+    for sid, f in folders.items():
+        if f.error:
+            continue
+        if f.path.is_symlink():
+            problem[sid] = (f"refused: the student folder {_shown(os.fsencode(f.path.name))} "
+                            "is a symbolic link; submit a real folder")
+            continue
+        try:
+            notebooks = _notebooks(f)
+        except OSError as e:
+            problem[sid] = (f"could not list the folder ({type(e).__name__}: {e.strerror}); "
+                            "make it readable by the grader")
+            continue
+        for nb in notebooks:
+            if lab_key(nb) is None:
+                say(f"{sid:<20} ignored {_file_name(nb)}: not named NN_*.ipynb")
+            found[sid].setdefault(lab_key(nb), []).append(nb)
+    return found, problem
+
+
+def _check_sandbox(sandbox: str, limits: Limits, say: Callable[[str], None]) -> bool:
+    """Whether submissions run sandboxed; raise :class:`SandboxUnavailable` when
+    ``sandbox="bwrap"`` and bubblewrap does not work here; warn when ``"auto"`` falls
+    back to plain subprocesses; say how the memory cap is held."""
+    works, why = sandbox_status()
+    if sandbox == "bwrap" and not works:
+        raise SandboxUnavailable(f"sandbox required but unavailable: {why}; install "
+                                 "bubblewrap (apt-get install bubblewrap) or pass "
+                                 "--sandbox auto")
+    if sandbox == "auto" and not works:
+        say(f"WARNING: {why}. Submissions will run WITHOUT a sandbox "
+            "(plain subprocesses with rlimits): a submission could read and change "
+            "your files. Install bubblewrap, or pass --sandbox bwrap to refuse.")
+    if limits.total_memory_gib is not None:
+        say(f"memory cap per notebook: {limits.total_memory_gib:g} GiB for its processes "
+            f"together, held by {memory_cap_mechanism()}")
+    return sandbox != "none" and works
+
+
+def _prepare_sandboxes(reference_dir: Path, hide: tuple[Path, ...], sandbox: str,
+                       sandboxed: bool, compiling: set[str], say: Callable[[str], None]
+                       ) -> Path | None:
+    """Before any student: the sandbox self-test (:mod:`perflab.course.selftest`;
+    :class:`SandboxLeak` stops the batch, naming every readable answer) and, beside it,
+    Inductor's precompiled header for the labs that compile (:mod:`perflab.course.warm`,
+    lent read-only to every sandbox: 5-6 s less per submission). Returns the header's
+    folder, or None (not sandboxed, no lab compiles, or it could not be built)."""
+    builder = None
+    if sandboxed and compiling:
+        warm_pool = ThreadPoolExecutor(max_workers=1)
+        builder = warm_pool.submit(build_inductor_headers)
+        warm_pool.shutdown(wait=False)   # the one task runs on; no thread is left after it
+    if sandboxed:
+        from perflab.course.selftest import course_references, self_test
+
+        t0 = time.monotonic()
+        self_test(course_references(reference_dir, _SOLUTIONS),
+                  hide=(*hide, *hideable(_SOLUTIONS)), mode=sandbox)
+        say(f"sandbox self-test passed ({time.monotonic() - t0:.0f} s): no reference "
+            "solution, hidden test, solution marker or git object store is readable inside")
+    headers = builder.result() if builder is not None else None
+    if builder is not None:
+        say("Inductor's precompiled header: " + (
+            "built once, lent to every sandbox" if headers else
+            "could not be built here; each sandbox compiles its own"))
+    return headers
+
+
+@dataclasses.dataclass
+class _Batch:
+    """The judging, recording and merging stages of :func:`grade_submissions`: each
+    (student, lab) graded in a sandbox slot of its own (``jobs`` at once), each student
+    recorded (``on_student``) as soon as all their labs are in, in the calling thread,
+    so the rows are the same whatever ``jobs`` is and no exception vanishes in a
+    worker's callback."""
+
+    folders: dict[str, StudentFolder]
+    found: dict[str, dict]
+    problem: dict[str, str]
+    refs: dict[str, Path]
+    ref_nbs: dict[str, nbformat.NotebookNode]
+    wanted: list[str]
+    order: list[str]
+    on_student: Callable[[str, list[LabGrade]], None] | None
+    say: Callable[[str], None]
+    jobs: int
+    run_kwargs: dict
+    headers: Path | None
+    compiling: set[str]
+    results: dict[tuple[str, str], LabGrade] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pending = {s: len(self.wanted) for s in self.order}
+        self.lock = threading.Lock()
+        self.free_slots = list(range(self.jobs))
+
+    def grade(self, student: str, lab: str, graded: dict[str, float]) -> LabGrade:
+        """One submission in a free sandbox slot (or its error row: no notebook, two)."""
+        if student in self.problem:
+            return error_grade(student, lab, None, graded, self.problem[student])
+        nbs = self.found[student].get(lab, [])
+        if len(nbs) != 1:
+            return error_grade(student, lab, None, graded,
+                               f"no {lab}_*.ipynb submitted" if not nbs else
+                               f"{len(nbs)} notebooks for lab {lab} ("
+                               + ", ".join(map(_file_name, nbs))
+                               + "); submit exactly one")
+        with self.lock:
+            slot = self.free_slots.pop()
+        try:
+            return grade_notebook(
+                nbs[0], self.refs[lab], student=student, slot=slot,
+                reference=self.ref_nbs[lab],
+                inductor_headers=self.headers if lab in self.compiling else None,
+                **self.run_kwargs)
+        finally:
+            with self.lock:
+                self.free_slots.append(slot)
+
+    def one(self, student: str, lab: str) -> LabGrade:
+        """:meth:`grade`, with any failure of the grader itself turned into that
+        submission's error row, and the look-alike-name flag added."""
+        graded = autograded(self.ref_nbs[lab])
+        try:
+            g = self.grade(student, lab, graded)
+        except SandboxUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - one hostile notebook never stops the batch
+            g = error_grade(student, lab, (self.found[student].get(lab) or [None])[0],
+                            graded, f"grading failed: {type(e).__name__}: {str(e)[:300]}")
+        twins = self.folders[student].twins
+        if twins:
+            g.flags.append(Flag(NAME_FLAG, 0, f"looks like {', '.join(map(_escaped, twins))} "
+                                "(the same after Unicode normalization, case folding and "
+                                "look-alike letters): check that they are different students",
+                                text=_escaped(student)))
+        return g
+
+    def record(self, student: str) -> None:
+        """on_student, in this thread; a failure makes the student's rows error rows."""
+        grades = [self.results[(student, lab)] for lab in self.wanted]
+        if self.on_student is None:
+            return
+        try:
+            self.on_student(student, grades)
+            return
+        except Exception as e:  # noqa: BLE001 - a full disk, a bad name: this student only
+            why = (f"recording the grade failed ({type(e).__name__}: {str(e)[:200]}), so "
+                   "no points are kept; fix the cause and grade this student again "
+                   "(delete their row before --resume)")
+        grades = [dataclasses.replace(
+            error_grade(student, g.lab, None, {c.grade_id: c.max_points for c in g.checks},
+                        why), flags=list(g.flags)) for g in grades]
+        for g in grades:
+            self.results[(student, g.lab)] = g
+        self.say(f"{student:<20} {why}")
+        try:
+            self.on_student(student, grades)
+        except Exception as e:  # noqa: BLE001 - the returned grades still say it
+            self.say(f"{student:<20} could not record the error row either "
+                     f"({type(e).__name__}: {str(e)[:200]})")
+
+    def done(self, g: LabGrade) -> None:
+        """Merge one grade; record its student once all their labs are in."""
+        self.results[(g.student, g.lab)] = g
+        self.pending[g.student] -= 1
+        self.say(f"{g.student:<20} lab {g.lab}: {g.points:g}/{g.max_points:g} points"
+                 + (f" ({g.wall_s:.0f} s)" if g.wall_s else "")
+                 + (f"  [{g.error}]" if g.error else "")
+                 + (f"  [flagged: {'; '.join(map(flag_text, g.flags))}]" if g.flags else "")
+                 + (f"  [{g.warning}]" if g.warning else ""))
+        if self.pending[g.student] == 0:
+            self.record(g.student)
+
+    def run(self) -> list[LabGrade]:
+        """Every (student, lab) of the batch, students in id order."""
+        tasks = [(s, lab) for s in self.order for lab in self.wanted]
+        if self.jobs == 1:
+            for s, lab in tasks:
+                self.done(self.one(s, lab))
+        else:
+            with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+                futures = [pool.submit(self.one, s, lab) for s, lab in tasks]
+                try:
+                    for fut in as_completed(futures):
+                        self.done(fut.result())
+                except BaseException:
+                    for fut in futures:
+                        fut.cancel()
+                    raise
+        return [self.results[(s, lab)] for s in self.order for lab in self.wanted]
+
+
 def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
                       limits: Limits = Limits(), sanitize: str | Path | None = None,
                       labs: list[str] | None = None,
@@ -394,183 +611,40 @@ def grade_submissions(submissions_dir: str | Path, reference_dir: str | Path, *,
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     if shard is not None:
         shard_slice([], shard)  # validates it
+    say = _Say(progress)
     subs, refs = Path(submissions_dir), reference_notebooks(Path(reference_dir))
+    # 1. names checked: every entry of the folder gets an id (and an error if refused)
     folders = {f.id: f for f in student_folders(subs)}
-
-    def say(line: str) -> None:
-        if progress is None:
-            return
-        try:
-            progress(line)
-        except UnicodeError:  # a terminal that cannot show the name: say it in ASCII
-            progress(line.encode("ascii", "backslashreplace").decode("ascii"))
-
-    found: dict[str, dict] = {sid: {} for sid in folders}
-    problem = {sid: f.error for sid, f in folders.items() if f.error}
-    for sid, f in folders.items():
-        if f.error:
-            continue
-        if f.path.is_symlink():
-            problem[sid] = (f"refused: the student folder {_shown(os.fsencode(f.path.name))} "
-                            "is a symbolic link; submit a real folder")
-            continue
-        try:
-            notebooks = _notebooks(f)
-        except OSError as e:
-            problem[sid] = (f"could not list the folder ({type(e).__name__}: {e.strerror}); "
-                            "make it readable by the grader")
-            continue
-        for nb in notebooks:
-            if lab_key(nb) is None:
-                say(f"{sid:<20} ignored {_file_name(nb)}: not named NN_*.ipynb")
-            found[sid].setdefault(lab_key(nb), []).append(nb)
+    found, problem = _find_notebooks(folders, say)
     wanted = labs or sorted(k for k in submitted_labs(list(folders.values())) if k in refs)
     missing = [k for k in wanted if k not in refs]
     if missing:
         raise ValueError(f"no reference notebook for lab(s) {missing} in {reference_dir}; "
                          f"labs there: {sorted(refs)}")
-    if sandbox == "bwrap" and not sandbox_status()[0]:
-        raise SandboxUnavailable(f"sandbox required but unavailable: {sandbox_status()[1]}; "
-                                 "install bubblewrap (apt-get install bubblewrap) or pass "
-                                 "--sandbox auto")
-    if sandbox == "auto" and not sandbox_status()[0]:
-        say(f"WARNING: {sandbox_status()[1]}. Submissions will run WITHOUT a sandbox "
-            "(plain subprocesses with rlimits): a submission could read and change "
-            "your files. Install bubblewrap, or pass --sandbox bwrap to refuse.")
-    if limits.total_memory_gib is not None:
-        say(f"memory cap per notebook: {limits.total_memory_gib:g} GiB for its processes "
-            f"together, held by {memory_cap_mechanism()}")
+    sandboxed = _check_sandbox(sandbox, limits, say)
     if seed is None:
         seed = secrets.randbits(48)
     say(f"hidden cases drawn with seed {seed} (--seed {seed} draws them again)")
-    # Read every reference once, before any student code runs.
+    # 2. assembled: every reference read once, before any student code runs
     ref_nbs = {lab: nbformat.read(str(refs[lab]), as_version=4) for lab in wanted}
     for lab, nb in ref_nbs.items():
         assemble(nb, {})  # a malformed reference check fails here, before any work
     hide = tuple(hideable(Path(reference_dir), subs, *hide))
-    sandboxed = sandbox != "none" and sandbox_status()[0]
     compiling = {lab for lab, nb in ref_nbs.items() if uses_compile(nb)}
-    builder = None
-    if sandboxed and compiling:
-        # Inductor's precompiled header, built once here (alongside the self-test) and
-        # lent read-only to every sandbox: 5-6 s less per submission (perflab.course.warm)
-        warm_pool = ThreadPoolExecutor(max_workers=1)
-        builder = warm_pool.submit(build_inductor_headers)
-        warm_pool.shutdown(wait=False)   # the one task runs on; no thread is left after it
-    if sandboxed:
-        # Before any student: prove that nothing readable in the sandbox holds an answer
-        # (perflab.course.selftest; SandboxLeak stops the batch, naming every path).
-        from perflab.course.selftest import course_references, self_test
-
-        t0 = time.monotonic()
-        self_test(course_references(Path(reference_dir), _SOLUTIONS),
-                  hide=(*hide, *hideable(_SOLUTIONS)), mode=sandbox)
-        say(f"sandbox self-test passed ({time.monotonic() - t0:.0f} s): no reference "
-            "solution, hidden test, solution marker or git object store is readable inside")
-    headers = builder.result() if builder is not None else None
-    if builder is not None:
-        say("Inductor's precompiled header: " + (
-            "built once, lent to every sandbox" if headers else
-            "could not be built here; each sandbox compiles its own"))
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # 3. sandboxed: the self-test before any student, Inductor's header built beside it
+    headers = _prepare_sandboxes(Path(reference_dir), hide, sandbox, sandboxed, compiling,
+                                 say)
+    # 4. sharded: this machine's slice of the class, less the students already graded
     mine = set(shard_slice(list(folders), shard)) if shard else set(folders)
     order = [sid for sid in folders if sid in mine and sid not in skip]
     if shard:
         say(f"shard {shard[0]}/{shard[1]}: {len(mine)} of {len(folders)} students")
-    tasks = [(s, lab) for s in order for lab in wanted]
-    results: dict[tuple[str, str], LabGrade] = {}
-    pending = {s: len(wanted) for s in order}
-    lock = threading.Lock()
-    free_slots = list(range(jobs))
-
-    def grade(student: str, lab: str, graded: dict[str, float]) -> LabGrade:
-        if student in problem:
-            return error_grade(student, lab, None, graded, problem[student])
-        nbs = found[student].get(lab, [])
-        if len(nbs) != 1:
-            return error_grade(student, lab, None, graded,
-                               f"no {lab}_*.ipynb submitted" if not nbs else
-                               f"{len(nbs)} notebooks for lab {lab} ("
-                               + ", ".join(map(_file_name, nbs))
-                               + "); submit exactly one")
-        with lock:
-            slot = free_slots.pop()
-        try:
-            return grade_notebook(nbs[0], refs[lab], student=student, limits=limits,
-                                  sandbox=sandbox, hide=hide, slot=slot, threads=threads,
-                                  reference=ref_nbs[lab], seed=seed,
-                                  inside=subs,
-                                  inductor_headers=headers if lab in compiling else None,
-                                  notebook_run=notebook_run)
-        finally:
-            with lock:
-                free_slots.append(slot)
-
-    def one(student: str, lab: str) -> LabGrade:
-        graded = autograded(ref_nbs[lab])
-        try:
-            g = grade(student, lab, graded)
-        except SandboxUnavailable:
-            raise
-        except Exception as e:  # noqa: BLE001 - one hostile notebook never stops the batch
-            g = error_grade(student, lab, (found[student].get(lab) or [None])[0], graded,
-                            f"grading failed: {type(e).__name__}: {str(e)[:300]}")
-        twins = folders[student].twins
-        if twins:
-            g.flags.append(Flag(NAME_FLAG, 0, f"looks like {', '.join(map(_escaped, twins))} "
-                                "(the same after Unicode normalization, case folding and "
-                                "look-alike letters): check that they are different students",
-                                text=_escaped(student)))
-        return g
-
-    def record(student: str) -> None:
-        """on_student, in this thread; a failure makes the student's rows error rows."""
-        grades = [results[(student, lab)] for lab in wanted]
-        if on_student is None:
-            return
-        try:
-            on_student(student, grades)
-            return
-        except Exception as e:  # noqa: BLE001 - a full disk, a bad name: this student only
-            why = (f"recording the grade failed ({type(e).__name__}: {str(e)[:200]}), so "
-                   "no points are kept; fix the cause and grade this student again "
-                   "(delete their row before --resume)")
-        grades = [dataclasses.replace(
-            error_grade(student, g.lab, None, {c.grade_id: c.max_points for c in g.checks},
-                        why), flags=list(g.flags)) for g in grades]
-        for g in grades:
-            results[(student, g.lab)] = g
-        say(f"{student:<20} {why}")
-        try:
-            on_student(student, grades)
-        except Exception as e:  # noqa: BLE001 - the returned grades still say it
-            say(f"{student:<20} could not record the error row either "
-                f"({type(e).__name__}: {str(e)[:200]})")
-
-    def done(g: LabGrade) -> None:
-        results[(g.student, g.lab)] = g
-        pending[g.student] -= 1
-        say(f"{g.student:<20} lab {g.lab}: {g.points:g}/{g.max_points:g} points"
-            + (f" ({g.wall_s:.0f} s)" if g.wall_s else "")
-            + (f"  [{g.error}]" if g.error else "")
-            + (f"  [flagged: {'; '.join(map(flag_text, g.flags))}]" if g.flags else "")
-            + (f"  [{g.warning}]" if g.warning else ""))
-        if pending[g.student] == 0:
-            record(g.student)
-
-    # Grades are recorded here, in the calling thread, in both branches: the rows are
-    # the same whatever ``jobs`` is, and no exception can vanish in a worker's callback.
-    if jobs == 1:
-        for s, lab in tasks:
-            done(one(s, lab))
-    else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(one, s, lab) for s, lab in tasks]
-            try:
-                for fut in as_completed(futures):
-                    done(fut.result())
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
-    return [results[(s, lab)] for s in order for lab in wanted]
+    # 5. judged, 6. recorded, 7. merged (_Batch)
+    batch = _Batch(
+        folders=folders, found=found, problem=problem, refs=refs, ref_nbs=ref_nbs,
+        wanted=wanted, order=order, on_student=on_student, say=say, jobs=jobs,
+        run_kwargs=dict(limits=limits, sandbox=sandbox, hide=hide,
+                        threads=max(1, (os.cpu_count() or 1) // jobs), seed=seed,
+                        inside=subs, notebook_run=notebook_run),
+        headers=headers, compiling=compiling)
+    return batch.run()
