@@ -1,5 +1,5 @@
 """The ``perflab`` command (also ``python -m perflab``): doctor, data, run, profile,
-ladder, results, labs, kernel, course.
+ladder, plan, results, labs, kernel, course.
 
 One module per command (:mod:`perflab.cli.run`, :mod:`perflab.cli.ladder`, ...), each
 with ``add_parser(subparsers)`` and its handler; :mod:`perflab.cli.app` builds the top

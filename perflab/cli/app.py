@@ -14,15 +14,15 @@ import argparse
 import platform
 import sys
 
-from perflab.cli import (course, data, doctor, kernel, labs, ladder, profile, results,
-                         run)
+from perflab.cli import (course, data, doctor, kernel, labs, ladder, plan, profile,
+                         results, run)
 from perflab.core.storage import StorageError
 
 __all__ = ["main", "build_parser", "COMMANDS", "perflab_version", "version_text"]
 
 #: The command modules, in the order ``perflab --help`` lists them; each has
 #: ``add_parser(subparsers)``.
-COMMANDS = (doctor, data, run, profile, ladder, results, labs, kernel, course)
+COMMANDS = (doctor, data, run, profile, ladder, plan, results, labs, kernel, course)
 
 
 def perflab_version() -> str:
