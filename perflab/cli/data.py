@@ -3,6 +3,7 @@ on (:func:`perflab.data.dataset.build_dataset`)."""
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 __all__ = ["add_parser", "cmd_data"]
@@ -22,9 +23,12 @@ def cmd_data(args: argparse.Namespace) -> int:
     from perflab.core.paths import EMBEDDED_NAME, default_data_root
     from perflab.data.dataset import build_dataset
 
+    start = time.monotonic()
     manifest = build_dataset(args.root, force=args.force, progress=not args.quiet)
+    took = time.monotonic() - start
     path = Path(args.root).expanduser() if args.root else default_data_root()
-    print(f"embedded dataset ready: {path / EMBEDDED_NAME}")
+    print(f"embedded dataset ready: {path / EMBEDDED_NAME} ({took:.0f} s on this machine"
+          f"{'; already built' if took < 1 else ''})")
     print(f"  {len(manifest['classes'])} classes, images per split {manifest['num_images']}, "
           f"fingerprint {manifest['sha256'][:16]}")
     return 0
