@@ -60,6 +60,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -210,8 +211,21 @@ def _hash(gram: list[str]) -> int:
 
 
 def _kgram_hashes(source: str, k: int) -> list[int]:
+    return list(_kgram_hashes_memo(source, k))
+
+
+# The same texts come back batch after batch in one process (perflab's ~1,000 library
+# functions, the labs' given cells): tokenizing them was 5 of the 6 s of a small batch's
+# grade command. Texts are hashed whole by the caches; the results are never mutated.
+@functools.lru_cache(maxsize=16384)
+def _kgram_hashes_memo(source: str, k: int) -> tuple[int, ...]:
     toks = tokens(source)
-    return [_hash(toks[i:i + k]) for i in range(len(toks) - k + 1)]
+    return tuple(_hash(toks[i:i + k]) for i in range(len(toks) - k + 1))
+
+
+@functools.lru_cache(maxsize=16384)
+def _fingerprints_memo(source: str, k: int, window: int) -> dict[int, list[int]]:
+    return fingerprints(source, k=k, window=window)
 
 
 def fingerprints(source: str, *, k: int = K_TOKENS, window: int = WINDOW
@@ -384,12 +398,8 @@ def similarity_pairs(answers: Mapping[str, Mapping[str, str]], references: Mappi
     for i, hs in enumerate(given):
         for h in hs:
             given_in[h].append(i)
-    cache: dict[str, dict[int, list[int]]] = {}  # a text's fingerprints, computed once
-
     def fps_of(text: str) -> dict[int, list[int]]:
-        if text not in cache:
-            cache[text] = fingerprints(text, k=k, window=window)
-        return cache[text]
+        return _fingerprints_memo(text, k, window)   # computed once per process
 
     def own_positions(text: str) -> set[int]:
         """The answer's own tokens: neither the given cell it was written in (the one
@@ -582,13 +592,21 @@ def library_sources(package: str | Path, name: str = "perflab") -> dict[str, str
             continue
         parts = [name, *path.relative_to(root).with_suffix("").parts]
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        text = path.read_text(encoding="utf-8", errors="replace")
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        lines = text.split("\n")
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                out[f"{module}.{node.name}"] = _segment(lines, node)
+        st = path.stat()
+        out.update(_module_defs(str(path), st.st_mtime_ns, st.st_size, module))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _module_defs(path: str, mtime_ns: int, size: int, module: str
+                 ) -> tuple[tuple[str, str], ...]:
+    """The top-level functions and classes of one module file, parsed once per process
+    while the file is unchanged (its modification time and size are in the key)."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return ()
+    lines = text.split("\n")
+    return tuple((f"{module}.{node.name}", _segment(lines, node)) for node in tree.body
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
