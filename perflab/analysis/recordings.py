@@ -17,8 +17,13 @@ nccl-tests' columns (NVIDIA nccl-tests, doc/PERFORMANCE.md): ``time`` is the mea
 one operation in microseconds; ``algbw = size / time`` (the algorithm bandwidth, GB/s with
 1 GB = 1e9 bytes); ``busbw`` is algbw times a per-collective factor that makes it
 comparable to the hardware's link bandwidth whatever the number of ranks n, ``2(n-1)/n``
-for all-reduce (a ring moves ``2(n-1)/n`` of the buffer through each rank's link). Each
-row is measured twice: out-of-place (separate send and receive buffers) and in-place.
+for all-reduce (a ring moves ``2(n-1)/n`` of the buffer through each rank's link). That
+holds when every hop is the same kind of link (the ranks of one node, on NVLink); on two
+nodes NCCL keeps most hops inside the nodes and spreads what crosses the network over all
+of a node's interfaces, so a multi-node table's busbw is not the network's bandwidth per
+GPU (Lab 06, section 8). Each row is measured twice: out-of-place (separate send and
+receive buffers) and in-place. With MPI, ``time`` is the mean over the ranks (nccl-tests'
+``-a 1``, its default since mid-2021; older versions print rank 0's).
 """
 from __future__ import annotations
 
@@ -42,10 +47,10 @@ NCCL_TESTS_COLUMNS = ("size_bytes", "count", "dtype", "redop", "time_us", "algbw
 #: (``perflab/recordings/nccl/SOURCES.md``); :func:`read_nccl_tests` uses it when the
 #: copied output has no ``# Rank ... device`` lines to count.
 NCCL_TABLE_NRANKS = {
+    "aws-p4d-2node-16gpu-efa": 16,
     "aws-p4de-2node-16gpu-efa": 16,
     "aws-p5-1node-8gpu": 8,
     "aws-p5-2node-16gpu-efa": 16,
-    "gcp-a3mega-2node-16gpu-tcpxo": 16,
 }
 
 # One result row: size count type redop [root] time algbw busbw #wrong time algbw busbw

@@ -259,7 +259,12 @@ def idle_time_breakdown(source: Ranks, *,
     Args:
         source: anything :func:`perflab.analysis.trace.load_ranks` accepts.
         consecutive_kernel_delay_us: kernel-wait threshold, microseconds (HTA's
-            ``consecutive_kernel_delay``, default 30 in the trace's unit, microseconds).
+            ``consecutive_kernel_delay``, default 30). HTA's docstring and its docs page
+            "Idle Time Breakdown" call that default 30 nanoseconds, but HTA compares it
+            with gaps computed from the trace's ``ts`` and ``dur``, which are Kineto's
+            microseconds (``hta/analyzers/breakdown_analysis.py``; HTA relabelled its
+            outputs from ns to us in PR #51, 2023, and the threshold's doc kept the old
+            unit): the threshold HTA applies is 30 us, as here.
         by_stream: False: one row per rank, categories summed over streams; True: HTA's
             long layout, one row per (rank, stream, category).
 

@@ -132,13 +132,38 @@ class SimulatedLink:
         return self.describe()
 
 
-#: Link classes a course meets. Bandwidths are the nominal line rates per direction
-#: (NVLink 4: 450 GB/s per direction per GPU, NVIDIA H100 datasheet; InfiniBand NDR/HDR
-#: 100 Gb/s; Ethernet 10 and 1 Gb/s). The latencies are typical small-message
-#: figures (order of magnitude), not measurements of any particular machine.
+#: Link classes a course meets. The three cluster links are derived from the nccl-tests
+#: tables shipped in ``perflab/recordings/nccl/`` (sources, hardware and licenses in its
+#: ``SOURCES.md``), with one convention: the link model is a flat ring, so its per-hop
+#: alpha is the table's 8-byte all-reduce time (out-of-place) divided by the ring's
+#: 2(n-1) hops at the table's n ranks, which makes :class:`LinkModel` charge exactly that
+#: 8-byte time at that n (``tests/core/test_link_presets.py`` recomputes each from its
+#: table):
+#:
+#: * ``nvlink``: one node of 8 H100 on NVSwitch (``aws-p5-1node-8gpu``): alpha = 12.90 us
+#:   / 14 hops; beta = the table's largest busbw, 483.05 GB/s at 16 GiB (busbw is what a
+#:   ring's link must carry, and inside one node every hop is NVLink).
+#: * ``efa400``: the network between H100 nodes, 400 Gb/s per GPU (an AWS p5.48xlarge has
+#:   3,200 Gbps of EFA for 8 GPUs, AWS's p5 page); alpha = the two-node p5 table's 8-byte
+#:   time (``aws-p5-2node-16gpu-efa``, 69.12 us) / 30 hops. A ring in which every hop
+#:   crosses this network (one GPU per node) would see this beta as its busbw; a two-node
+#:   table's busbw is several times larger, because NCCL keeps most hops inside the nodes
+#:   and spreads what crosses over all of a node's network interfaces (Lab 06, section 8).
+#: * ``ib100``: a 100 Gb/s network link per GPU (the line rate of InfiniBand EDR or
+#:   HDR100, and of each of an AWS p4d's four EFA interfaces, which serve its 8 A100);
+#:   alpha = the two-node p4d table's 8-byte time (``aws-p4d-2node-16gpu-efa``,
+#:   179.1 us) / 30 hops. Not an H100 cluster's network: that is ``efa400``.
+#:
+#: ``10gbe`` and ``1gbe`` are Ethernet's nominal line rates, 10 and 1 Gb/s, with typical
+#: small-message latencies (order of magnitude), not measurements of any machine; the
+#: CPU labs simulate them because this machine's cores cannot hide faster links.
 LINK_PRESETS: dict[str, SimulatedLink] = {
-    "nvlink": SimulatedLink(name="nvlink", alpha_s=3e-6, beta_bytes_per_s=450e9),
-    "ib100": SimulatedLink(name="ib100", alpha_s=5e-6, beta_bytes_per_s=100e9 / 8),
+    "nvlink": SimulatedLink(name="nvlink", alpha_s=12.90e-6 / (2 * (8 - 1)),
+                            beta_bytes_per_s=483.05e9),
+    "efa400": SimulatedLink(name="efa400", alpha_s=69.12e-6 / (2 * (16 - 1)),
+                            beta_bytes_per_s=400e9 / 8),
+    "ib100": SimulatedLink(name="ib100", alpha_s=179.1e-6 / (2 * (16 - 1)),
+                           beta_bytes_per_s=100e9 / 8),
     "10gbe": SimulatedLink(name="10gbe", alpha_s=20e-6, beta_bytes_per_s=10e9 / 8),
     "1gbe": SimulatedLink(name="1gbe", alpha_s=50e-6, beta_bytes_per_s=1e9 / 8),
 }

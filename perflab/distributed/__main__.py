@@ -16,7 +16,7 @@ as ``perflab run --world-size N`` does, and prints the same table
 
 Flags: every ``RunConfig`` field, as ``perflab run`` takes them
 (:func:`perflab.core.config_flags.add_config_flags`); ``--link`` takes a preset name
-(``1gbe``, ``10gbe``, ``ib100``, ``nvlink``) and ``--straggler`` takes
+(``1gbe``, ``10gbe``, ``ib100``, ``efa400``, ``nvlink``) and ``--straggler`` takes
 ``RANK:DELAY_S[:WHERE]`` (e.g. ``1:0.05:before_forward``).
 """
 from __future__ import annotations

@@ -136,12 +136,21 @@ def test_busbw_is_algbw_times_2_n_minus_1_over_n_to_the_printed_precision(name):
 
 
 def test_nranks_comes_from_the_rank_lines_when_the_output_has_them():
-    text = (RECORDINGS / "nccl" / "gcp-a3mega-2node-16gpu-tcpxo.txt").read_text()
+    # 2 x p4d: nccl-tests' older rank lines ("#   Rank  0 Pid ...", no Group), tagged by
+    # mpirun, and NCCL's INFO log ("... rank 1 nranks 16 ...")
+    text = (RECORDINGS / "nccl" / "aws-p4d-2node-16gpu-efa.txt").read_text()
     assert read_nccl_tests(text).attrs == {"nranks": 16, "source": "text"}
-    table_only = "\n".join(ln for ln in text.splitlines() if "Rank" not in ln)
+    no_rank_lines = [ln for ln in text.splitlines() if "Rank" not in ln]
+    assert read_nccl_tests("\n".join(no_rank_lines)).attrs["nranks"] == 16   # from the log
+    table_only = "\n".join(ln for ln in no_rank_lines if "nranks" not in ln)
     assert read_nccl_tests(table_only).attrs["nranks"] is None
     log = "host:1:2 [0] NCCL INFO comm 0x5 rank 0 nranks 4 cudaDev 0 - Init COMPLETE\n"
     assert read_nccl_tests(log + table_only).attrs["nranks"] == 4
+    # newer rank lines carry a Group (made-up hosts and a made-up row)
+    newer = "".join(f"#  Rank {r:2d} Group  0 Pid {100 + r:6d} on node-{r // 2} device  {r % 2} "
+                    f"[0000:04:00] NVIDIA H100 80GB HBM3\n" for r in range(6))
+    row = "           8             2     float     sum      -1    20.00    0.00    0.00      0    20.00    0.00    0.00      0\n"
+    assert read_nccl_tests(newer + row).attrs["nranks"] == 6
 
 
 def test_older_and_tagged_formats_parse():
@@ -194,7 +203,9 @@ def test_sources_and_licenses_sit_beside_the_recordings_and_ship():
     gpu_sources = (gpu / "SOURCES.md").read_text()
     nccl_sources = (nccl / "SOURCES.md").read_text()
     assert "MIT License" in (gpu / "LICENSE-HolisticTraceAnalysis").read_text()
-    assert "Amazon.com" in (nccl / "LICENSE-awsome-distributed-training").read_text()
+    for licence in ("LICENSE-awsome-distributed-training", "LICENSE-aws-efa-eks"):
+        assert "Amazon.com" in (nccl / licence).read_text()
+    assert "no longer shipped" in nccl_sources   # the unlicensed table it replaced, said so
     for name in gpu_trace_names():
         assert f"`{name}/" in gpu_sources
     for name in nccl_table_names():

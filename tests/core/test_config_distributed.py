@@ -56,7 +56,7 @@ def test_link_spec_raises(kwargs, match):
 def test_link_presets_and_model():
     with pytest.raises(ValueError, match=r"unknown link preset 'wifi'; choose one of"):
         SimulatedLink.preset("wifi")
-    assert set(LINK_PRESETS) == {"nvlink", "ib100", "10gbe", "1gbe"}
+    assert set(LINK_PRESETS) == {"nvlink", "efa400", "ib100", "10gbe", "1gbe"}
     # 1 Gbit/s = 125e6 bytes/s: 25 MB take 0.2 s plus alpha
     assert ONE_GBE.message_time_s(25_000_000) == pytest.approx(50e-6 + 0.2)
     assert str(ONE_GBE) == "simulated link 1gbe: alpha=50 us, beta=0.125 GB/s"
