@@ -215,12 +215,32 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
             that launches at its top level, without ``if __name__ == "__main__":``, runs
             again in each rank).
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     _refuse_while_bootstrapping()
     _check_importable(fn)
+    backend, pin_cores = _checked_launch(world_size, backend, device, timeout_s,
+                                         threads_per_rank, pin_cores)
+    _warn_if_oversubscribed(backend, world_size, threads_per_rank)
+    oom_before = oom_kills()
+    method = _start_method()
+    while True:
+        results, crashed = _launch_once(fn, tuple(args), world_size, backend, timeout_s,
+                                        threads_per_rank, pin_cores, method, oom_before)
+        if crashed is None:
+            return results
+        # A process forked from a parent that imported torch can crash where a fresh one
+        # does not (fork-safety of native libraries); rank bodies are rerunnable, so the
+        # launch runs once more from fresh interpreters, and says so
+        warnings.warn(f"a rank forked from perflab's forkserver died of {crashed}; "
+                      "launching the ranks again with start method 'spawn'",
+                      RuntimeWarning, stacklevel=2)
+        method = "spawn"
+
+
+def _checked_launch(world_size: Any, backend: str | None, device: str, timeout_s: Any,
+                    threads_per_rank: Any, pin_cores: bool | None) -> tuple[str, bool]:
+    """:func:`launch_fn`'s arguments checked before any process starts; returns the
+    backend and whether to pin cores (None: on for gloo). Raises ValueError naming the
+    argument and the fix."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1 (ranks), got {world_size!r}")
     if (not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool)
@@ -236,68 +256,76 @@ def launch_fn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
         raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} "
                          f"but {torch.cuda.device_count()} GPU(s) here; use backend='gloo' "
                          "(device='cpu') or fewer ranks")
+    return backend, (backend == "gloo") if pin_cores is None else pin_cores
 
-    if pin_cores is None:
-        pin_cores = backend == "gloo"
+
+def _warn_if_oversubscribed(backend: str, world_size: int, threads_per_rank: int) -> None:
+    """A RuntimeWarning when gloo ranks x threads outnumber the usable cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if backend == "gloo" and world_size * threads_per_rank > (cores or 1):
         warnings.warn(f"{world_size} ranks x {threads_per_rank} thread(s) on {cores} usable "
                       "core(s): the ranks are oversubscribed and share cores, so step times "
                       "include waiting for a core (label such runs as oversubscribed)",
-                      RuntimeWarning, stacklevel=2)
-    oom_before = oom_kills()
-    method = _start_method()
-    while True:
-        err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
-            rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # as `torchrun --standalone`
-            max_restarts=0, monitor_interval=0.1, start_method=method,
-            logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
-        before = {p.pid for p in psutil.Process().children(recursive=True)}
-        # the agent installs handlers that turn these signals into SignalException (so a
-        # Ctrl-C / kernel interrupt stops every rank); put the caller's back afterwards, so
-        # a notebook kernel's own SIGTERM/SIGINT handling is unchanged once launch_fn returns
-        saved_signals = save_signals(config.signals_to_handle)
-        backstop_fired = threading.Event()
+                      RuntimeWarning, stacklevel=3)
 
-        def backstop_kill(before: set[int] = before, fired: threading.Event = backstop_fired) -> None:
-            fired.set()
-            kill_new_children(before)
 
-        backstop = threading.Timer(timeout_s + _BACKSTOP_S, backstop_kill)
-        backstop.daemon = True
-        backstop.start()
-        crashed = None
-        try:
-            out = elastic_launch(config, rank_entry)(fn, tuple(args), backend, float(timeout_s),
-                                                      threads_per_rank, err_dir, pin_cores,
-                                                      os.getpid(), method == "spawn")
-        except ChildFailedError as e:
-            if backstop_fired.is_set():
-                raise LaunchTimeoutError(
-                    f"ranks still running {timeout_s + _BACKSTOP_S:g} s after the launch "
-                    f"(timeout_s={timeout_s:g} s plus {_BACKSTOP_S:g} s for start-up); the "
-                    "launcher killed them all. A rank's own watchdog did not fire: were the "
-                    "ranks still starting (a heavily loaded machine)?",
-                    list(range(world_size))) from None
-            crashed = _crash_signal(e) if method == "forkserver" else None
-            if crashed is None:
-                raise _failure(e, err_dir, world_size, timeout_s, oom_before) from None
-        finally:
-            backstop.cancel()
-            kill_new_children(before)  # normally none left: the agent reaped them
-            restore_signals(saved_signals)
-            shutil.rmtree(err_dir, ignore_errors=True)
+def _launch_once(fn: Callable[..., Any], args: tuple, world_size: int, backend: str,
+                 timeout_s: float, threads_per_rank: int, pin_cores: bool, method: str,
+                 oom_before: int | None) -> tuple[list[Any] | None, str | None]:
+    """One elastic launch of the ranks (as ``torchrun --standalone``), with a backstop
+    that kills them ``_BACKSTOP_S`` after ``timeout_s`` and the caller's signal handlers
+    put back afterwards. Returns (results by rank, None), or (None, the crash signal) when
+    a rank forked from the forkserver crashed (worth one relaunch with spawn).
+
+    Raises:
+        RankFailedError, LaunchTimeoutError: as :func:`launch_fn`.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    err_dir = tempfile.mkdtemp(prefix="perflab-launch-")
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # as `torchrun --standalone`
+        max_restarts=0, monitor_interval=0.1, start_method=method,
+        logs_specs=DefaultLogsSpecs(log_dir=err_dir), shutdown_timeout=_SHUTDOWN_S)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    # the agent installs handlers that turn these signals into SignalException (so a
+    # Ctrl-C / kernel interrupt stops every rank); put the caller's back afterwards, so
+    # a notebook kernel's own SIGTERM/SIGINT handling is unchanged once launch_fn returns
+    saved_signals = save_signals(config.signals_to_handle)
+    backstop_fired = threading.Event()
+
+    def backstop_kill() -> None:
+        backstop_fired.set()
+        kill_new_children(before)
+
+    backstop = threading.Timer(timeout_s + _BACKSTOP_S, backstop_kill)
+    backstop.daemon = True
+    backstop.start()
+    try:
+        out = elastic_launch(config, rank_entry)(fn, args, backend, float(timeout_s),
+                                                  threads_per_rank, err_dir, pin_cores,
+                                                  os.getpid(), method == "spawn")
+    except ChildFailedError as e:
+        if backstop_fired.is_set():
+            raise LaunchTimeoutError(
+                f"ranks still running {timeout_s + _BACKSTOP_S:g} s after the launch "
+                f"(timeout_s={timeout_s:g} s plus {_BACKSTOP_S:g} s for start-up); the "
+                "launcher killed them all. A rank's own watchdog did not fire: were the "
+                "ranks still starting (a heavily loaded machine)?",
+                list(range(world_size))) from None
+        crashed = _crash_signal(e) if method == "forkserver" else None
         if crashed is None:
-            return [out[r] for r in range(world_size)]
-        # A process forked from a parent that imported torch can crash where a fresh one
-        # does not (fork-safety of native libraries); rank bodies are rerunnable, so the
-        # launch runs once more from fresh interpreters, and says so
-        warnings.warn(f"a rank forked from perflab's forkserver died of {crashed}; "
-                      "launching the ranks again with start method 'spawn'",
-                      RuntimeWarning, stacklevel=2)
-        method = "spawn"
+            raise _failure(e, err_dir, world_size, timeout_s, oom_before) from None
+        return None, crashed
+    finally:
+        backstop.cancel()
+        kill_new_children(before)  # normally none left: the agent reaped them
+        restore_signals(saved_signals)
+        shutil.rmtree(err_dir, ignore_errors=True)
+    return [out[r] for r in range(world_size)], None
 
 
 #: Signals that end a forked rank by a crash (not a stop): worth one relaunch with spawn.
