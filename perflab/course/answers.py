@@ -462,8 +462,22 @@ def _shell_attr(name: str) -> bool:
     return name in SHELL_ATTRS or name.startswith("input_transformer")
 
 
-def _scan_tree(tree: ast.Module) -> list[tuple[int, str]]:
-    """``(line, key)`` of every finding of :func:`scan_answer` in one parsed cell."""
+@dataclasses.dataclass
+class _Bindings:
+    """What a cell binds, which the scan's rules read: names imported, names bound to a
+    module of :data:`PARTLY_OPEN_MODULES` (``name -> module``), names bound to ``os``
+    and ``sys`` (``import sys as s``), names bound to a profiler/tracer/debugger, every
+    module name (perflab's and the imported), and each node's parent."""
+
+    imported: set[str]
+    partly: dict[str, str]
+    real: dict[str, str]
+    runners: set[str]
+    modules: set[str]
+    parents: dict[int, ast.AST]
+
+
+def _bindings(tree: ast.Module) -> _Bindings:
     imported, partly, runners = set(), {}, set()
     real = {"os": "os", "sys": "sys"}  # names bound to the os and sys modules
     for node in ast.walk(tree):
@@ -480,94 +494,140 @@ def _scan_tree(tree: ast.Module) -> list[tuple[int, str]]:
         elif isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) \
                 and _runner_call(node.context_expr, set()):
             runners.add(node.optional_vars.id)
-    modules = MODULE_NAMES | imported
-    found: list[tuple[int, str]] = []
     parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    return _Bindings(imported, partly, real, runners, MODULE_NAMES | imported, parents)
+
+
+def _scan_tree(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, key)`` of every finding of :func:`scan_answer` in one parsed cell: the
+    cell's bindings first, then each node by its kind."""
+    b = _bindings(tree)
+    found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         ln = getattr(node, "lineno", 0)
-        up = parents.get(id(node))
-        if isinstance(node, ast.Import):
-            found += [(ln, f"import {a.name}") for a in node.names if _blocked_module(a.name)]
-        elif isinstance(node, ast.ImportFrom):
-            mod = node.module or ""
-            if node.level == 0 and _blocked_module(mod):
-                found.append((ln, f"import {mod}"))
-            elif node.level == 0 and mod in PARTLY_OPEN_MODULES:
-                found += [(ln, f"import {mod}.{a.name}") for a in node.names
-                          if a.name not in PARTLY_OPEN_MODULES[mod]]
-            elif node.level == 0 and mod in ("os", "sys"):  # from sys import modules
-                found += [(ln, f"attribute {mod}.{a.name}") for a in node.names
-                          if a.name == "*" or f"{mod}.{a.name}" in BLOCKED_MODULE_ATTRS]
-            found += [(ln, f"exec family {a.name}") for a in node.names if a.name in EXEC_FAMILY]
+        up = b.parents.get(id(node))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found += _scan_import(node, ln)
         elif isinstance(node, ast.Name):
-            if node.id in BLOCKED_NAMES:
-                found.append((ln, f"name {node.id}"))
-            if node.id in EXEC_FAMILY:
-                found.append((ln, f"exec family {node.id}"))
-            if node.id == "_ip":
-                found.append((ln, "name _ip"))
-            if node.id in _SHELL_HOLDERS and isinstance(node.ctx, ast.Load) and not (
-                    isinstance(up, ast.Call) and up.func is node):
-                found.append((ln, f"name {node.id}"))  # exit._ip, f(quit): not a plain call
-            if node.id in partly and isinstance(node.ctx, ast.Load):
-                mod = partly[node.id]
-                if isinstance(up, ast.Attribute) and up.value is node:
-                    if up.attr not in PARTLY_OPEN_MODULES[mod]:
-                        found.append((ln, f"attribute {mod}.{up.attr}"))
-                else:
-                    found.append((ln, f"module {mod}"))
+            found += _scan_name(node, ln, up, b)
         elif isinstance(node, ast.Attribute):
-            dotted = _dotted(node)
-            root = _root(node)
-            if root in real and dotted.startswith(root + "."):  # import sys as s: s.modules
-                dotted = real[root] + dotted[len(root):]
-            if node.attr in BLOCKED_ATTRS and not (
-                    node.attr == "__class__" and isinstance(up, ast.Attribute)
-                    and up.attr in ("__name__", "__qualname__")):
-                found.append((ln, f"attribute {node.attr}"))
-            tail = ".".join(dotted.split(".")[-2:])
-            if tail in BLOCKED_MODULE_ATTRS and (root in real or dotted.count(".") > 1):
-                found.append((ln, f"attribute {tail}"))
-            if node.attr in _MODULE_ATTRS and dotted.count(".") >= 1 and dotted != node.attr:
-                found.append((ln, f"attribute {node.attr}"))
-            if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
-                found.append((ln, f"module attribute {dotted}"))
-            if _shell_attr(node.attr):
-                found.append((ln, f"IPython {node.attr}"))
-            if node.attr == "_ip":
-                found.append((ln, "attribute _ip"))
-            if node.attr in ("register", "unregister", "callbacks", "trigger") and (
-                    isinstance(node.value, ast.Attribute) and node.value.attr == "events"
-                    or isinstance(node.value, ast.Name) and node.value.id == "events"):
-                found.append((ln, "IPython events"))  # ip.events.register('pre_run_cell', f)
-            if node.attr in EXEC_FAMILY:
-                found.append((ln, f"exec family {node.attr}"))
-            if node.attr == "__code__" and isinstance(node.ctx, (ast.Store, ast.Del)):
-                found.append((ln, "exec family __code__ assignment"))
+            found += _scan_attribute(node, ln, up, b)
         elif isinstance(node, ast.Call):
-            func = node.func
-            name = func.id if isinstance(func, ast.Name) else \
-                func.attr if isinstance(func, ast.Attribute) else None
-            const = node.args[1].value if len(node.args) > 1 and isinstance(
-                node.args[1], ast.Constant) and isinstance(node.args[1].value, str) else None
-            if name == "open" and _writes(node):
-                found.append((ln, "open for writing"))
-            elif (isinstance(func, ast.Name) and name in ("getattr", "hasattr")
-                  and const is not None and (
-                      const.startswith("__") or const in EXEC_FAMILY or const == "_ip"
-                      or _shell_attr(const)
-                      or f"{real.get(_root(node.args[0]) or '', '')}.{const}"
-                      in BLOCKED_MODULE_ATTRS)):
-                found.append((ln, f"{name} {const}"))
-            elif isinstance(func, ast.Attribute) and name == "run" and (
-                    _runner_call(func.value, runners)
-                    or partly.get(_root(func) or "") in ("cProfile", "profile")):
-                found.append((ln, "exec family run"))
-            elif name == "replace" and any((k.arg or "").startswith("co_") for k in node.keywords):
-                found.append((ln, "exec family code.replace"))
-            elif name in ("register", "unregister") and node.args and isinstance(
-                    node.args[0], ast.Constant) and node.args[0].value in SHELL_EVENTS:
-                found.append((ln, "IPython events"))  # ev = ip.events; ev.register(...)
+            found += _scan_call(node, ln, b)
+    return found
+
+
+def _scan_import(node: ast.Import | ast.ImportFrom, ln: int) -> list[tuple[int, str]]:
+    """Blocked and private modules, partly open modules' other names, ``from sys
+    import modules``, the exec family imported by name."""
+    found: list[tuple[int, str]] = []
+    if isinstance(node, ast.Import):
+        found += [(ln, f"import {a.name}") for a in node.names if _blocked_module(a.name)]
+    else:
+        mod = node.module or ""
+        if node.level == 0 and _blocked_module(mod):
+            found.append((ln, f"import {mod}"))
+        elif node.level == 0 and mod in PARTLY_OPEN_MODULES:
+            found += [(ln, f"import {mod}.{a.name}") for a in node.names
+                      if a.name not in PARTLY_OPEN_MODULES[mod]]
+        elif node.level == 0 and mod in ("os", "sys"):  # from sys import modules
+            found += [(ln, f"attribute {mod}.{a.name}") for a in node.names
+                      if a.name == "*" or f"{mod}.{a.name}" in BLOCKED_MODULE_ATTRS]
+        found += [(ln, f"exec family {a.name}") for a in node.names if a.name in EXEC_FAMILY]
+    return found
+
+
+def _scan_name(node: ast.Name, ln: int, up: ast.AST | None, b: _Bindings
+               ) -> list[tuple[int, str]]:
+    """Blocked names, the exec family, the shell's ``_ip`` and ``exit``/``quit`` used as
+    anything but a plain call, a partly open module's other attributes or the module
+    object itself."""
+    found: list[tuple[int, str]] = []
+    partly = b.partly
+    if node.id in BLOCKED_NAMES:
+        found.append((ln, f"name {node.id}"))
+    if node.id in EXEC_FAMILY:
+        found.append((ln, f"exec family {node.id}"))
+    if node.id == "_ip":
+        found.append((ln, "name _ip"))
+    if node.id in _SHELL_HOLDERS and isinstance(node.ctx, ast.Load) and not (
+            isinstance(up, ast.Call) and up.func is node):
+        found.append((ln, f"name {node.id}"))  # exit._ip, f(quit): not a plain call
+    if node.id in partly and isinstance(node.ctx, ast.Load):
+        mod = partly[node.id]
+        if isinstance(up, ast.Attribute) and up.value is node:
+            if up.attr not in PARTLY_OPEN_MODULES[mod]:
+                found.append((ln, f"attribute {mod}.{up.attr}"))
+        else:
+            found.append((ln, f"module {mod}"))
+    return found
+
+
+def _scan_attribute(node: ast.Attribute, ln: int, up: ast.AST | None, b: _Bindings
+                    ) -> list[tuple[int, str]]:
+    """Blocked attributes (also of ``os``/``sys`` through an alias or another module),
+    a module's attribute assigned, the shell's attributes and events, the exec family,
+    ``__code__`` assigned."""
+    found: list[tuple[int, str]] = []
+    real, modules = b.real, b.modules
+    dotted = _dotted(node)
+    root = _root(node)
+    if root in real and dotted.startswith(root + "."):  # import sys as s: s.modules
+        dotted = real[root] + dotted[len(root):]
+    if node.attr in BLOCKED_ATTRS and not (
+            node.attr == "__class__" and isinstance(up, ast.Attribute)
+            and up.attr in ("__name__", "__qualname__")):
+        found.append((ln, f"attribute {node.attr}"))
+    tail = ".".join(dotted.split(".")[-2:])
+    if tail in BLOCKED_MODULE_ATTRS and (root in real or dotted.count(".") > 1):
+        found.append((ln, f"attribute {tail}"))
+    if node.attr in _MODULE_ATTRS and dotted.count(".") >= 1 and dotted != node.attr:
+        found.append((ln, f"attribute {node.attr}"))
+    if isinstance(node.ctx, (ast.Store, ast.Del)) and root in modules:
+        found.append((ln, f"module attribute {dotted}"))
+    if _shell_attr(node.attr):
+        found.append((ln, f"IPython {node.attr}"))
+    if node.attr == "_ip":
+        found.append((ln, "attribute _ip"))
+    if node.attr in ("register", "unregister", "callbacks", "trigger") and (
+            isinstance(node.value, ast.Attribute) and node.value.attr == "events"
+            or isinstance(node.value, ast.Name) and node.value.id == "events"):
+        found.append((ln, "IPython events"))  # ip.events.register('pre_run_cell', f)
+    if node.attr in EXEC_FAMILY:
+        found.append((ln, f"exec family {node.attr}"))
+    if node.attr == "__code__" and isinstance(node.ctx, (ast.Store, ast.Del)):
+        found.append((ln, "exec family __code__ assignment"))
+    return found
+
+
+def _scan_call(node: ast.Call, ln: int, b: _Bindings) -> list[tuple[int, str]]:
+    """``open`` for writing, ``getattr``/``hasattr`` with a blocked string, ``.run`` on
+    a profiler, ``.replace(co_...)``, ``.register`` of a shell event."""
+    found: list[tuple[int, str]] = []
+    real, partly, runners = b.real, b.partly, b.runners
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else \
+        func.attr if isinstance(func, ast.Attribute) else None
+    const = node.args[1].value if len(node.args) > 1 and isinstance(
+        node.args[1], ast.Constant) and isinstance(node.args[1].value, str) else None
+    if name == "open" and _writes(node):
+        found.append((ln, "open for writing"))
+    elif (isinstance(func, ast.Name) and name in ("getattr", "hasattr")
+          and const is not None and (
+              const.startswith("__") or const in EXEC_FAMILY or const == "_ip"
+              or _shell_attr(const)
+              or f"{real.get(_root(node.args[0]) or '', '')}.{const}"
+              in BLOCKED_MODULE_ATTRS)):
+        found.append((ln, f"{name} {const}"))
+    elif isinstance(func, ast.Attribute) and name == "run" and (
+            _runner_call(func.value, runners)
+            or partly.get(_root(func) or "") in ("cProfile", "profile")):
+        found.append((ln, "exec family run"))
+    elif name == "replace" and any((k.arg or "").startswith("co_") for k in node.keywords):
+        found.append((ln, "exec family code.replace"))
+    elif name in ("register", "unregister") and node.args and isinstance(
+            node.args[0], ast.Constant) and node.args[0].value in SHELL_EVENTS:
+        found.append((ln, "IPython events"))  # ev = ip.events; ev.register(...)
     return found
 
 
