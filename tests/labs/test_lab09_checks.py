@@ -7,8 +7,10 @@ shards built in this process: no launch), also when the notebook's launch record
 planted to agree with it; a ZeRO-1 that does not broadcast, does not shard or shards
 unevenly (run on 2 gloo ranks, with the hidden launch), also when records made up from
 the unsharded model are planted as the notebook's launch; a ZeRO-2 that all-reduces the
-gradients, steps the whole model or forgets to divide by the world size (run on 2 gloo
-ranks, with the hidden launch); an FSDP2 configuration that shards only the root,
+gradients, steps the whole model, forgets to divide by the world size or keeps a flat
+copy of the parameters between steps (run on 2 gloo ranks, with the hidden launch; the
+message names what was counted), while one that keeps its flat buffers as the
+parameters' own storage passes; an FSDP2 configuration that shards only the root,
 ignores reshard_after_forward, forgets or swaps the mixed-precision dtypes; FSDP2
 prefetching that points a block at itself, prefetches backward the wrong way, skips a block
 or sets nothing (the order of collectives recorded on 2 gloo ranks); a bytes-per-step prediction that misses a collective or only fits this lab's model; top-k
@@ -898,6 +900,99 @@ class _Done:
 }
 
 
+# issue 44: what counts as held. A student's ZeRO-2 that never saw the reference: its flat
+# buffers kept for good as the PARAMETERS' own storage (DeepSpeed's layout: the all-gather
+# writes the parameters in place), buckets closed before the cap, a dict of works
+_VIEWS_ZERO2 = '''
+class MyZero2:
+    def __init__(self, params, lr=1e-3, weight_decay=0.01, bucket_cap_mb=25):
+        self.params = list(params)
+        self.ws, me = dist.get_world_size(), dist.get_rank()
+        self.buckets = []
+        for p in reversed(self.params):
+            if self.buckets and 4 * (sum(q.numel() for q in self.buckets[-1]) + p.numel()) <= bucket_cap_mb * 2 ** 20:
+                self.buckets[-1].append(p)
+            else:
+                self.buckets.append([p])
+        self.flat, self.mine = [], []
+        for bucket in self.buckets:
+            n = sum(p.numel() for p in bucket)
+            flat = torch.zeros(-(-n // self.ws) * self.ws)
+            at = 0
+            for p in bucket:
+                flat[at:at + p.numel()] = p.detach().reshape(-1)
+                p.data = flat[at:at + p.numel()].view_as(p)   # the parameter lives in the buffer
+                at += p.numel()
+            self.flat.append(flat)
+            self.mine.append(torch.nn.Parameter(flat.chunk(self.ws)[me].clone()))
+        self.local_optimizer = torch.optim.AdamW(self.mine, lr=lr, weight_decay=weight_decay)
+        self.left = [len(b) for b in self.buckets]
+        self.works, self.last = {}, None
+        for k, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(lambda p, k=k: self._ready(k))
+
+    def _ready(self, k):
+        self.left[k] -= 1
+        if self.left[k]:
+            return
+        self.left[k] = len(self.buckets[k])
+        grads = torch.zeros_like(self.flat[k])
+        at = 0
+        for p in self.buckets[k]:
+            grads[at:at + p.numel()] = p.grad.reshape(-1)
+            at += p.numel()
+            p.grad = None
+        out = torch.empty_like(self.mine[k])
+        work = dist.reduce_scatter_tensor(out, grads, async_op=True)
+        if self.last is not None:
+            self.last.wait()
+        self.last = work
+        self.works[k] = (work, out)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for k, (work, out) in self.works.items():
+            work.wait()
+            self.mine[k].grad = out / self.ws
+        self.works, self.last = {}, None
+        self.local_optimizer.step()
+        for flat, shard in zip(self.flat, self.mine):
+            shard.grad = None
+            dist.all_gather_into_tensor(flat, shard.detach())   # straight into the parameters
+'''
+_KEEPS_A_COPY = "keeps a flat copy of the parameters"
+_VIEWS = "keeps its parameters in its flat buffers"
+
+
+def _flat_copy_zero2() -> str:
+    """The reference's MyZero2 with a flat buffer per bucket kept between steps to
+    all-gather into, then copied into the parameters: a second copy of the parameters
+    (the bytes freeing the gradients saved), counted by name."""
+    src = _GOOD_ZERO2
+    for old, new in (
+            ("        self.in_flight = None\n        for p in self.params:",
+             "        self.in_flight = None\n"
+             "        self.flat_params = [torch.zeros(c * self.world_size) for c in self.chunks]\n"
+             "        for p in self.params:"),
+            ("        for b, c, shard in zip(self.buckets, self.chunks, self.shards):\n"
+             "            shard.grad = None\n"
+             "            full = shard.new_empty(c * self.world_size)\n",
+             "        for b, full, shard in zip(self.buckets, self.flat_params, self.shards):\n"
+             "            shard.grad = None\n")):
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    return src
+
+
+#: Variants run on their hidden launch only, the lab's records the reference's (seed: its own)
+ZERO2_HIDDEN_ONLY = {_VIEWS: (_VIEWS_ZERO2, 1), _KEEPS_A_COPY: (_flat_copy_zero2(), 0)}
+
+
 def _zero2_ns(launched, variant: str) -> dict:
     """The notebook's names after its ZeRO-2 launch (DDP and ``variant``'s MyZero2 on the
     lab's 32 x 9 MLP), the records from the shared launch."""
@@ -949,6 +1044,82 @@ def test_zero2_solution_calls_the_collectives_itself():
     for name in ("class MyZero2", "dist.reduce_scatter_tensor(", "dist.all_gather_into_tensor(",
                  "register_post_accumulate_grad_hook(", "async_op=True", "q.grad = None"):
         assert name in cell, name
+
+
+def _hidden_only_verdict(launched, monkeypatch, variant: str):
+    """check_zero2 with the reference's lab records (case None) and ``variant``'s own
+    hidden launch."""
+    text, seed = ZERO2_HIDDEN_ONLY[variant]
+    student = importlib.import_module(launched.modules[("zero2", variant)])
+    ns = dict(_zero2_ns(launched, "good"), zero1_student=student)
+    return _judge_launched(monkeypatch, launched, ns, "check_zero2", ("zero2", variant), seed)
+
+
+@slow
+def test_zero2_that_keeps_its_parameters_in_flat_buffers_passes(launched, monkeypatch):
+    """Issue 44: an honest ZeRO-2 that keeps its flat buffers between steps as the
+    parameters' own storage (each parameter a view of its bucket's buffer, DeepSpeed's
+    layout) holds the parameters once: nothing of them is counted as held."""
+    verdict = _hidden_only_verdict(launched, monkeypatch, _VIEWS)
+    assert verdict.passed, verdict.message
+
+
+@slow
+def test_zero2_that_keeps_a_flat_copy_fails_naming_it(launched, monkeypatch):
+    """Issue 44: a ZeRO-2 that keeps a separate flat copy of the parameters between steps
+    holds Psi*4 bytes more after backward() (what freeing the gradients saved); the
+    exercise says such a buffer counts, and the message names it (not "free p.grad",
+    which the student did)."""
+    verdict = _hidden_only_verdict(launched, monkeypatch, _KEEPS_A_COPY)
+    _fails_on_a_hidden_case(verdict)
+    assert "self.flat_params[*]:" in verdict.message and "p.grad:" not in verdict.message, verdict.message
+    assert "held right after backward()" in verdict.message, verdict.message
+
+
+@slow
+def test_zero2_self_check_names_what_it_counted(launched):
+    """The self-check's message lists every place counted, with its bytes: the reference's
+    records with a kept flat copy planted on rank 1, as the ranks would record it."""
+    ns = _zero2_ns(launched, "good")
+    z2 = ns["small2"][1]["zero2"]
+    copy_bytes = 4 * sum(_NUMELS)
+    z2["grad_held_parts"] = z2["grad_held_parts"] + [["self.flat_params[*]", 4, copy_bytes]]
+    z2["grad_bytes_after_backward"] += copy_bytes
+    with pytest.raises(AssertionError, match=re.escape(f"self.flat_params[*]: 4 tensor(s), {copy_bytes:,} B")):
+        NB.run_code(dict(ns), split_check(NB.cells["check_zero2"]).probe)
+
+
+def test_held_gradient_parts_name_each_place_once():
+    """What check_zero2 counts as held, by place: the model's p.grad, and every tensor a
+    hand-written optimizer keeps (indices as [*]), each storage once; not the parameters,
+    a flat buffer they are views of, the local optimizer's parameters or its state."""
+    from perflab.labs.lab09 import held_gradient_bytes, held_gradient_parts
+
+    model = mlp([4, 8, 2], seed=0)               # 58 parameters
+    params = list(model.parameters())
+    flat = torch.zeros(58)                       # DeepSpeed's layout: the parameters live here
+    at = 0
+    for p in params:
+        flat[at:at + p.numel()] = p.detach().reshape(-1)
+        p.data = flat[at:at + p.numel()].view_as(p)
+        at += p.numel()
+    chunk = torch.nn.Parameter(torch.zeros(29))
+    local = torch.optim.AdamW([chunk])
+    chunk.grad = torch.ones(29)
+    local.step()                                 # state: not counted; chunk.grad: counted
+
+    class Hand:
+        def __init__(self):
+            self.params, self.flat, self.local_optimizer = params, [flat], local
+            self.reduced = [(None, torch.zeros(29)), (None, torch.zeros(29))]
+            self.flat_params = [torch.zeros(30), torch.zeros(30)]   # a copy: counted
+            self.alias = self.flat_params[0][:10]                   # the same storage: once
+
+    model(torch.randn(3, 4)).sum().backward()    # p.grad: counted
+    parts = held_gradient_parts(model, Hand(), local)
+    assert parts == [["p.grad", 4, 4 * 58], ["local optimizer's parameters' .grad", 1, 4 * 29],
+                     ["self.reduced[*][*]", 2, 2 * 4 * 29], ["self.flat_params[*]", 2, 2 * 4 * 30]], parts
+    assert held_gradient_bytes(model, Hand(), local) == sum(b for _, _, b in parts)
 
 
 # -- check_fsdp2: the student's my_fully_shard, run on 2 gloo ranks ----------------------------------
@@ -1043,6 +1214,13 @@ def launched(tmp_path_factory):
                  {"lr": c["lr"], "weight_decay": c["weight_decay"], "seed": c["seed"],
                   "zero2_bucket_cap_mb": c["bucket_cap_mb"]})
                 for c in _hidden_configs("check_zero2", seed)]
+    for variant, (text, seed) in ZERO2_HIDDEN_ONLY.items():   # no lab run: the reference's serves
+        mod = student(("zero2", variant), _HEAD + _GOOD_COUNTER + _GOOD_ZERO1 + text)
+        tasks[("zero2", variant, seed)] = [
+            ("sharding", (["zero2"], c["sizes"], c["batch"], c["steps"], mod),
+             {"lr": c["lr"], "weight_decay": c["weight_decay"], "seed": c["seed"],
+              "zero2_bucket_cap_mb": c["bucket_cap_mb"]})
+            for c in _hidden_configs("check_zero2", seed)]
     fsdp2 = {"good": _GOOD_FSDP, "honest": _HONEST_FSDP, **WRONG_FSDP}
     for variant, text in fsdp2.items():
         mod = student(("fsdp2", variant), _HEAD + _FSDP_HEAD + _GOOD_COUNTER + _GOOD_ZERO1 + text)
@@ -1518,3 +1696,59 @@ def test_zero2_bucket_rule_is_the_one_the_exercise_states():
     ddp, _ = dist._compute_bucket_assignment_by_size(list(reversed(params)),
                                                      [int(0.0003 * 2 ** 20)])
     assert [[list(reversed(params))[i].numel() for i in b] for b in ddp] == [[5, 65, 13], [91]]
+
+
+# -- the text says what the checks do (issue 44) ------------------------------------------------------
+def _markdown(start: str) -> str:
+    (text,) = [c.source for c in NB.nb.cells if c.cell_type == "markdown" and start in c.source]
+    return text
+
+
+def test_every_written_answer_the_objectives_promise_has_its_cell():
+    """Objective 5 once promised a written answer on weak vs strong scaling that no cell
+    asked for: the objectives promise as many written answers as there are graded
+    markdown cells."""
+    objectives = _markdown("**Objectives.**").split("**Prerequisites.**", 1)[0]
+    cells = [c for c in NB.nb.cells if c.cell_type == "markdown"
+             and c.metadata.get("nbgrader", {}).get("grade")]
+    assert objectives.count("written answer") == len(cells) == 2, objectives
+    assert "weak and strong scaling diverge" not in objectives
+
+
+def test_exercise_3_says_what_ddp_fp16_is():
+    text = _markdown("### Exercise 3 — predict the bytes per step")
+    assert '`"ddp_fp16"` (DDP with\n   torch\'s `fp16_compress_hook`' in text, text
+    assert "half of DDP's" in text
+
+
+def test_zero2_exercise_says_what_counts_as_held():
+    text = " ".join(_markdown("**Exercise 2b — `MyZero2`:**").split())
+    for phrase in ("**What the check counts as held right after `backward()`.**",
+                   "every tensor your `MyZero2` object keeps in its attributes",
+                   "*whatever the tensor holds*", "any buffer they are views of",
+                   "a flat copy of the parameters that your `MyZero2` keeps between steps",
+                   "its message names every place it counted"):
+        assert phrase in text, phrase
+
+
+def test_exercise_5_states_the_draws_and_the_judges_tolerance():
+    """The bootstrap's draws, as the text states them, are the reference's (bit for bit);
+    the tolerance the text states is the judge's."""
+    import numpy as np
+
+    text = " ".join(_markdown("### Exercise 5 — a scaling model").split())
+    for draw in ("`rng = np.random.default_rng(seed)`", "`rng.choice(step_s_1, (resamples, len(step_s_1)))`",
+                 "`rng.choice(step_s_n, (resamples, len(step_s_n)))`", "`[2.5, 97.5]`"):
+        assert draw in text, draw
+    scope = _scaling_ns()
+    gen = np.random.default_rng(5)
+    s1, sn = list(gen.uniform(1, 2, 9)), list(gen.uniform(0.5, 1.5, 11))
+    rng = np.random.default_rng(7)   # the text's draws, written out
+    m1 = np.median(rng.choice(s1, (300, len(s1))), axis=1)
+    mn = np.median(rng.choice(sn, (300, len(sn))), axis=1)
+    effs = (512 / mn) / (3 * 256 / m1)
+    want = (float((512 / np.median(sn)) / (3 * 256 / np.median(s1))), *np.percentile(effs, [2.5, 97.5]))
+    assert scope["my_scaling_efficiency"](s1, sn, 3, 256, 512, resamples=300, seed=7) == pytest.approx(want, rel=1e-12)
+    judge = split_check(NB.cells["check_scaling_model"]).graded.answer_source + NB.cells["check_scaling_model"]
+    assert "`16_000` resamples" in text and "(16000, a.size)" in judge
+    assert "within `1.5` percentile points" in text and "q - 1.5" in judge and "q + 1.5" in judge

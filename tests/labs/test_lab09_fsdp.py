@@ -10,8 +10,12 @@ gathers every block at once (its peak), one that all-reduces the gradients inste
 reduce-scattering them (its collectives), one that forgets the 1/world_size mean (its
 parameters), one that all-gathers fp32 and casts afterwards under mixed precision (its
 bytes), one that ignores ``reshard_after_forward`` or ``prefetch`` (its collectives,
-its order), and one that wraps torch's ``fully_shard`` (seen on the ranks). The count the
-judge expects is FSDP2's, measured here on the same models."""
+its order), one that pads each parameter's rows as FSDP2 does instead of each block once
+(its shards and bytes, on the hidden models' widths that 2 ranks do not divide), and one
+that wraps torch's ``fully_shard`` (seen on the ranks). The count the judge expects is
+FSDP2's, measured here on the same models; the bytes are the flat layout's, FSDP2's own
+only where the world size divides every width (measured here on the exercise's example,
+``mlp([6, 5, 7, 3])``, issue 44)."""
 from __future__ import annotations
 
 import importlib
@@ -63,6 +67,8 @@ def _ns(launched, variant: str) -> dict:
 #: The seeds each file's hidden launch (check_my_fsdp's graded call) is run at: those
 #: its tests judge.
 HIDDEN_SEEDS = {"reference": [0, "grade:ada"], "honest": [1]}
+#: The exercise's example of widths 2 ranks do not divide (Exercise 2c's text)
+ODD = [6, 5, 7, 3]
 
 
 def _hidden_configs(seed) -> list[dict]:
@@ -91,6 +97,11 @@ def launched(tmp_path_factory):
                                        ("my_fsdp", (_configs(), modules[variant]), {})]
         for seed in HIDDEN_SEEDS.get(variant, [WRONG_SEED]):   # as check_my_fsdp builds them
             tasks[(variant, seed)] = [("my_fsdp", (_hidden_configs(seed), modules[variant]), {})]
+    # the exercise's example: the reference's MyFSDP and torch's FSDP2 on widths 2 does not divide
+    example = {"sizes": ODD, "batch": 2, "steps": 2, "seed": 0, "lr": 1e-2, "weight_decay": 0.01,
+               "reshard_after_forward": True, "prefetch": True, "param_dtype": None}
+    tasks[("odd",)] = [("my_fsdp", ([example], modules["reference"]), {}),
+                       ("sharding", (["fsdp2"], ODD, 2, 2, None), {})]
     yield from launch_tasks(folder, modules, tasks, tasks_rank)
 
 
@@ -234,6 +245,26 @@ class MyFSDP:
 _REF = None
 
 
+def _per_parameter_padding() -> str:
+    """The reference's MyFSDP with FSDP2's layout inside each block's buffer: every
+    parameter's rows padded to a multiple of the world size (its own slot), not the block
+    padded once at its end. On widths the world size divides it is the reference itself."""
+    slot = "(-(-p.shape[0] // self.world_size) * self.world_size * (p[0].numel()))"
+    src = _wrong("            numel = sum(p.numel() for p in params)\n",
+                 f"            numel = sum({slot} for p in params)\n")
+    for old, new in (
+            ("            flat[:numel] = torch.cat([p.detach().flatten() for p in params])",
+             "            flat[:numel] = torch.cat([torch.nn.functional.pad(p.detach().flatten(), "
+             f"(0, {slot} - p.numel())) for p in params])"),
+            ("                offset += p.numel()\n", f"                offset += {slot}\n"),
+            ("        flat[:sum(q.numel() for q in params)] = torch.cat([q.grad.flatten() for q in params])",
+             "        flat[:] = torch.cat([torch.nn.functional.pad(p.grad.flatten(), "
+             f"(0, {slot} - p.numel())) for p in params])")):
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    return src
+
+
 def _wrong(old: str, new: str) -> str:
     src = _fsdp_source()
     assert old in src, old
@@ -269,6 +300,9 @@ WRONG = {
     # never issues the next block's all-gather early
     "ignores prefetch": lambda: _wrong("if self.prefetch and i + 1 < len(self.blocks):",
                                        "if False:"),
+    # FSDP2's layout (each parameter's rows padded) in place of the one asked for (each block
+    # padded once): the same as the reference on even widths, not on the hidden odd ones
+    "pads each parameter as FSDP2": _per_parameter_padding,
     # torch's FSDP2 on each block, its parameters handed over as the "shards"
     "wraps fully_shard": lambda: '''
 class MyFSDP:
@@ -300,6 +334,7 @@ WHY = {"never frees": ("unsharded at once", "differ from unsharded AdamW"),   # 
        "casts after the all-gather": ("B of all_gather per step",),
        "ignores reshard_after_forward": ("collectives per step",),
        "ignores prefetch": ("issued before each block's forward", "by phase"),
+       "pads each parameter as FSDP2": ("not one equal chunk", "B of all_gather per step"),
        "wraps fully_shard": ("torch's sharding",)}
 
 
@@ -327,3 +362,37 @@ def test_solution_writes_the_mechanism_itself():
                    "register_forward_pre_hook(", "output.register_hook("):
         assert needle in src, needle
     assert "fully_shard(" not in src
+
+
+def test_hidden_models_have_widths_two_ranks_do_not_divide():
+    """Issue 44: the flat layout and FSDP2's differ only where the world size does not
+    divide a width; every hidden model has a block of odd size (padded once in the
+    student's buffer), at every seed these tests grade."""
+    for seed in [*{s for seeds in HIDDEN_SEEDS.values() for s in seeds}, WRONG_SEED]:
+        for cfg in _hidden_configs(seed):
+            s = cfg["sizes"]
+            assert any((a * b + b) % 2 for a, b in zip(s, s[1:])), (seed, s)
+
+
+@slow
+def test_the_texts_example_is_measured_by_hand_and_by_fsdp2(launched):
+    """Exercise 2c's example, mlp([6, 5, 7, 3]) on 2 ranks: the reference's MyFSDP moves
+    the flat layout's bytes the text states (and the judge expects), FSDP2 the bytes of
+    its per-parameter row padding, also stated; both counted on the ranks."""
+    text = next(c.source for c in NB.nb.cells if c.cell_type == "markdown"
+                and "**Exercise 2c — `MyFSDP(" in c.source)
+    per_rank = launched.answer(("odd",))
+    flat = [2 * -(-(a * b + b) // 2) for a, b in zip(ODD, ODD[1:])]      # each block padded once
+    rows = [(a + 1) * 2 * -(-b // 2) for a, b in zip(ODD, ODD[1:])]      # each parameter's rows
+    assert (sum(flat), sum(rows)) == (102, 122)
+    for rank, (mine, torchs) in enumerate(per_rank):
+        (mine,) = mine
+        assert mine["bytes"] == {"all_gather": 2 * 4 * sum(flat), "reduce_scatter": 4 * sum(flat)}, (rank, mine)
+        assert mine["peak_unsharded_bytes"] == 4 * (flat[0] + flat[1]), (rank, mine)
+        seen = torchs["fsdp2"]["comm_per_step"]
+        assert (seen["all_gather"], seen["reduce_scatter"]) == (2 * 4 * sum(rows), 4 * sum(rows)), seen
+    for figure in (f"`2 · 4 · (36 + 42 + 24) = {2 * 4 * sum(flat)}`", f"`4 · 102 = {4 * sum(flat)}`",
+                   f"`4 · (36 + 42) = {4 * (flat[0] + flat[1])}`",
+                   f"`(6 + 1) · 6 + (5 + 1) · 8 + (7 + 1) · 4 = {sum(rows)}`",
+                   f"`2 · 4 · 122 = {2 * 4 * sum(rows)}`", f"`4 · 122 = {4 * sum(rows)}`"):
+        assert figure in text, figure

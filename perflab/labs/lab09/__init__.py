@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from typing import Any, Sequence
 
@@ -42,12 +43,12 @@ from perflab.core.memory import read_peak, reset_peak
 from perflab.analysis.sharding import count_collectives, state_bytes
 from perflab.analysis.scaling import scaling_rank
 from perflab.models import mlp, mlp_batches
-from perflab.labs.lab09.fsdp import distinct_storage_bytes, my_fsdp_rank, tensors_in
+from perflab.labs.lab09.fsdp import _storage, _storage_ptr, my_fsdp_rank
 from perflab.labs.lab09.prefetch import prefetch_order_rank
 from perflab.labs.lab09.watch import ZERO_FORBIDDEN, _watch_student
 
 __all__ = ["sharding_rank", "SHARDING_METHODS", "ZERO_FORBIDDEN", "fsdp2_rank",
-           "held_gradient_bytes",
+           "held_gradient_bytes", "held_gradient_parts",
            "tasks_rank", "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
 
 #: The shipped recording of 1- to 8-rank weak and strong scaling runs with simulated
@@ -140,7 +141,8 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         :data:`ZERO_FORBIDDEN` that ran while the student's optimizer was built and
         stepped, for "zero1" and "zero2"; ``[]`` otherwise), "grad_bytes_after_backward"
         (the most gradient bytes this rank held right after a ``backward()`` returned,
-        :func:`held_gradient_bytes`), "state_tensors" (parameters with optimizer state
+        :func:`held_gradient_bytes`), "grad_held_parts" (where those bytes were, at that
+        ``backward()``: :func:`held_gradient_parts`), "state_tensors" (parameters with optimizer state
         on this rank), "calls_in_backward" / "calls_in_step" (kind ->
         collectives per step issued while ``backward()`` / ``step()`` ran, steady state)}``.
 
@@ -172,7 +174,7 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
         with _watch_student(method in ("zero1", "zero2")) as delegated:
             module, opt, holder = _build(method, model, dev, lr, weight_decay, student,
                                          zero2_bucket_cap_mb)
-            held = 0
+            held, held_parts = 0, []
             with count_collectives() as comm:
                 for s, (x, y) in enumerate(data):
                     if s == 1:  # from the second step on: the steady state
@@ -183,7 +185,9 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
                     comm.phase = "backward"
                     loss.backward()
                     comm.phase = ""
-                    held = max(held, held_gradient_bytes(model, opt, holder))
+                    parts = held_gradient_parts(model, opt, holder)
+                    if sum(b for _, _, b in parts) >= held:
+                        held, held_parts = sum(b for _, _, b in parts), parts
                     comm.phase = "step"
                     opt.step()
                     comm.phase = ""
@@ -207,6 +211,7 @@ def sharding_rank(methods: Sequence[str], sizes: Sequence[int], batch: int, step
             "losses": losses, "params": params,
             "exp_avg": _exp_avg(holder) if method in ("zero1", "zero2") else None,
             "delegated": sorted(delegated), "grad_bytes_after_backward": held,
+            "grad_held_parts": held_parts,
             "state_tensors": len(getattr(holder, "state", {})),
             "calls_in_backward": {k: v / (steps - 1)
                                   for k, v in comm.phase_calls.get("backward", {}).items()},
@@ -221,23 +226,71 @@ def held_gradient_bytes(model: torch.nn.Module, optimizer: Any, holder: Any) -> 
     DTensor's local shard), the ``.grad`` of the parameters ``holder`` (the optimizer
     whose state is this rank's) steps, and every other tensor reachable from
     ``optimizer``'s attributes (lists, tuples and dicts of them, three levels deep: a
-    ZeRO-2's reduced shards and bucket buffers). Parameters, their storage and
-    ``holder``'s state (Adam's moments) are not gradients and are left out; each storage
-    counts once, whole (a view keeps all of it alive).
+    ZeRO-2's reduced shards and bucket buffers). Parameters, their storage (a flat buffer
+    the parameters are views of included) and ``holder``'s state (Adam's moments) are not
+    gradients and are left out; each storage counts once, whole (a view keeps all of it
+    alive). So a tensor a hand-written optimizer keeps between steps counts whatever it
+    holds, a separate flat copy of the parameters included: it is memory the rank holds
+    beyond the parameters and the optimizer state, what ZeRO-2 exists to save.
 
     For DDP this is Ψ·4 bytes in fp32 (its buckets hold every gradient); for ZeRO-2
     (P_os+g, Rajbhandari et al. 2020, §5.2) Ψ·4/N plus what is still in flight.
+    :func:`held_gradient_parts` says where the bytes are.
+    """
+    return sum(nbytes for _, _, nbytes in held_gradient_parts(model, optimizer, holder))
+
+
+def held_gradient_parts(model: torch.nn.Module, optimizer: Any,
+                        holder: Any) -> list[list[Any]]:
+    """Where :func:`held_gradient_bytes` found its bytes, for a message that names them:
+    ``[place, tensors, bytes]`` per place, in the order found (each storage counted once,
+    at the first place it was reached): ``"p.grad"`` (the model's parameters'),
+    ``"local optimizer's parameters' .grad"`` (``holder``'s, when they are not the
+    model's) and, for a hand-written optimizer, each attribute path with every list or
+    tuple index as ``[*]`` (``"self.reduced[*][*]"``: the tensors in the entries of
+    ``self.reduced``; ``"self.buffers['w']"``). Places with nothing counted are left out.
+
+    Returns:
+        list of ``[str, int, int]``: place, distinct storages, bytes.
     """
     groups = getattr(holder, "param_groups", []) or []
     theirs = [p for g in groups for p in g["params"]]
-    skip = [*model.parameters(), *theirs]
+    params = list(model.parameters())
+    skip = [*params, *theirs]
     for state in getattr(holder, "state", {}).values():
         skip += [v for v in state.values() if isinstance(v, torch.Tensor)]
-    grads = [p.grad for p in [*model.parameters(), *theirs]]
+    named: list[tuple[str, Any]] = [("p.grad", p.grad) for p in params]
+    named += [("local optimizer's parameters' .grad", p.grad) for p in theirs]
     if optimizer is not holder and not isinstance(optimizer, torch.optim.Optimizer):
-        grads += [t for value in vars(optimizer).values()   # a hand-written optimizer's buffers
-                  for t in tensors_in(value, 3)]
-    return distinct_storage_bytes(grads, skip)
+        named += [(re.sub(r"\[\d+\]", "[*]", where), t)   # a hand-written optimizer's buffers
+                  for name, value in vars(optimizer).items()
+                  for where, t in _named_tensors(value, f"self.{name}", 3)]
+    skipped = {_storage_ptr(t) for t in skip} - {None}
+    seen: set[int] = set()
+    parts: dict[str, list[Any]] = {}
+    for where, t in named:
+        ptr = _storage_ptr(t)
+        if ptr is None or ptr in skipped or ptr in seen:
+            continue
+        seen.add(ptr)
+        part = parts.setdefault(where, [where, 0, 0])
+        part[1] += 1
+        part[2] += _storage(t).nbytes()
+    return list(parts.values())
+
+
+def _named_tensors(obj: Any, path: str, depth: int) -> Any:
+    """Yield ``(path, tensor)`` for the tensors reachable from ``obj`` through lists,
+    tuples and dicts, ``depth`` levels deep (:func:`~perflab.labs.lab09.fsdp.tensors_in`
+    with the way there: ``self.reduced[2][1]``, ``self.buffers['w']``)."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif depth and isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _named_tensors(v, f"{path}[{i}]", depth - 1)
+    elif depth and isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _named_tensors(v, f"{path}[{k!r}]", depth - 1)
 
 
 def _exp_avg(optimizer: Any) -> list[float] | None:
