@@ -11,7 +11,11 @@ parallelize; an α-β model that forgets the backward all-reduce or the ring fac
 2-D layout that sums the replicas' gradients, never all-reduces them or all-reduces over
 every rank instead of the dp group, an accounting that shards the replicated bias or
 forgets the backward all-reduce; torch's plain TP plan where Exercise 8 asks for sequence
-parallelism; hand-written pipelines (a
+parallelism; transformer blocks whose dropout draws from the process's own generator (the
+tensor-parallel ranks, seeded apart, drop different elements of a replicated activation; the
+sequence-parallel ones, seeded alike, the same elements of their shards) or from one state
+for the group in both modes, and shard-saving blocks (Exercise 7's stretch) that ignore
+``save_shards`` or keep the gathered input besides the shard; hand-written pipelines (a
 GPipe that never sends the gradients back, one that alternates forwards and backwards, a
 1F1B without its warm-up, a stash that never shrinks, a split that drops the blocks of a
 depth that is not a multiple of the stages, torch's schedule inside ``gpipe_step``, and a
@@ -201,8 +205,10 @@ TP_NOT_PARALLEL = TP_GOOD.replace(
 #: right numbers, the wrong bytes), attention split across heads (rank r keeping every p-th row
 #: of wq/wk/wv: each local "head" mixes parts of several), SP's gather without its
 #: reduce-scatter backward (the gradients), and the hand-written block built by
-#: parallelize_module (delegated). Honest: the list collectives (all_gather, reduce_scatter)
-#: and the deprecated tensor names, weights split with torch.chunk.
+#: parallelize_module (delegated); issue 44: dropout's RNG state (item 4) and the
+#: shard-saving stretch (item 5). Honest: the list collectives (all_gather, reduce_scatter)
+#: and the deprecated tensor names, weights split with torch.chunk, a shard-saving Function
+#: of addmm and einsum.
 _RS = ("        full = {}.transpose(0, 1).contiguous()           # (S, B, d) partial sums, the sequence first\n"
        "        out = full.new_empty((full.shape[0] // dist.get_world_size(),) + full.shape[1:])\n"
        "        dist.reduce_scatter_single(out, full)           # summed over ranks, my rows r·S/p ...\n"
@@ -210,6 +216,9 @@ _RS = ("        full = {}.transpose(0, 1).contiguous()           # (S, B, d) par
 _RS_FORWARD, _GATHER_BACKWARD = _RS.format("x"), _RS.format("grad")
 _HEAD_ROWS = "        mine = slice(rank * width, (rank + 1) * width)\n"
 _SP_BLOCK = TP_GOOD[TP_GOOD.index("class ShardedBlock("):TP_GOOD.index("def parallel_block(")]
+_FORK = '        with self.rng.fork("sharded" if self.sequence_parallel else "replicated"):\n'
+_SAVE_SHARD = ("        ctx.save_for_backward(x, *params)               # my shard, not the gathered (B, S, d)\n"
+               "        full = GatherFromSequence.apply(x)              # no graph inside a Function's forward\n")
 WRONG_SP = {
     "sp_all_reduce_left_in": TP_GOOD.replace(_RS_FORWARD, (
         "        x = x.contiguous().clone()\n"
@@ -221,6 +230,19 @@ WRONG_SP = {
     "sp_gather_without_its_backward": TP_GOOD.replace(_GATHER_BACKWARD, (
         "        size = grad.shape[1] // dist.get_world_size()\n"
         "        return grad[:, dist.get_rank() * size:(dist.get_rank() + 1) * size]\n")),
+    # issue 44 item 4: dropout on the process's own generator: the TP ranks (seeded apart)
+    # draw different masks on a replicated activation, the SP ranks (seeded alike) the same
+    "dropout_rng_ignored": TP_GOOD.replace(_FORK, "        with contextlib.nullcontext():\n"),
+    # one state for the group in both modes: right for TP, every SP shard repeats one mask
+    "one_rng_state_for_both": TP_GOOD.replace(_FORK, '        with self.rng.fork("replicated"):\n'),
+    # issue 44 item 5: save_shards accepted and ignored: Exercise 7's block, whole inputs kept
+    "save_shards_ignored": TP_GOOD.replace("            if self.save_shards:\n", "            if False:\n"),
+    # the shard saved and gathered again, and the gathered input kept too: the collectives
+    # of the stretch, the bytes of Exercise 7's block
+    "shard_saving_keeps_the_gathered_input": TP_GOOD.replace(_SAVE_SHARD, (
+        "        full = GatherFromSequence.apply(x)\n"
+        "        ctx.save_for_backward(x, full, *params)\n")).replace(
+        "        x, *params = ctx.saved_tensors\n", "        x, _, *params = ctx.saved_tensors\n"),
     "block_by_parallelize_module": TP_GOOD.replace(_SP_BLOCK, '''class ShardedBlock(torch.nn.Module):
     def __init__(self, block, rank, world_size, sequence_parallel=False):
         super().__init__()
@@ -236,6 +258,10 @@ WRONG_SP = {
 
 '''),
 }
+#: The wrong blocks judged on the blocks only (their launch job skips the MLP cases: no test
+#: reads check_tp_hand's verdict on them).
+BLOCKS_ONLY = ("sp_all_reduce_left_in", "sp_gather_without_its_backward", "dropout_rng_ignored",
+               "one_rng_state_for_both", "save_shards_ignored", "shard_saving_keeps_the_gathered_input")
 SP_HONEST = TP_GOOD[:TP_GOOD.index("class GatherFromSequence(")] + '''def _gather(x):
     """(B, S/p, d) -> (B, S, d) with the list all-gather."""
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
@@ -293,14 +319,40 @@ class ShardedAttention(torch.nn.Module):
         self.wo.weight.data = attn.wo.weight.detach().chunk(world_size, dim=1)[rank].clone()
         self.wo.bias.data = attn.wo.bias.detach().clone()
 
-    def partial(self, x):
-        b, s, _ = x.shape
-        heads = [w(x).reshape(b, s, -1, self.hd).permute(0, 2, 1, 3) for w in (self.wq, self.wk, self.wv)]
+    def attend(self, q, k, v):
+        b, s, _ = q.shape
+        heads = [t.reshape(b, s, -1, self.hd).permute(0, 2, 1, 3) for t in (q, k, v)]
         o = F.scaled_dot_product_attention(*heads, is_causal=self.causal)
         return o.permute(0, 2, 1, 3).reshape(b, s, -1) @ self.wo.weight.t()
 
+    def partial(self, x):
+        return self.attend(*(w(x) for w in (self.wq, self.wk, self.wv)))
+
     def forward(self, x):
         return ReduceFromParallel.apply(self.partial(CopyToParallel.apply(x))) + self.wo.bias
+
+
+class SequenceGatherLinear(torch.autograd.Function):
+    """Saves the shard; list collectives; einsum gradients; no bias gradient materialised
+    through a Linear."""
+    @staticmethod
+    def forward(ctx, x, *params):
+        ctx.save_for_backward(x, *params)
+        ctx.pairs = len(params) // 2
+        full = _gather(x)
+        return tuple(torch.addmm(b, full.reshape(-1, full.shape[-1]), w.t()).view(*full.shape[:2], -1)
+                     for w, b in zip(params[::2], params[1::2]))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *params = ctx.saved_tensors
+        full = _gather(x)
+        grad_full = torch.zeros_like(full)
+        grads_out = []
+        for g, w in zip(grads, params[::2]):
+            grad_full += torch.einsum("bso,oi->bsi", g, w)
+            grads_out += [torch.einsum("bso,bsi->oi", g, full), g.sum(dim=(0, 1))]
+        return (_scatter(grad_full), *grads_out)
 
 
 ''' + TP_GOOD[TP_GOOD.index("class ShardedBlock("):]
@@ -339,8 +391,10 @@ if dist.is_initialized():
     _WARMED = parallelize_module(torch.nn.Linear(4, 4), init_device_mesh("cpu", (dist.get_world_size(),)),
                                  ColwiseParallel())
 '''
+#: The lab's TP_BLOCK_CASES (test_lab_block_cases_are_the_notebooks keeps them the same): the
+#: dropout case has 128 mask elements a rank on 4 ranks, so two ranks' own masks differ.
 LAB_BLOCK_CASES = [{"d": 16, "heads": 4, "batch": 2, "seq": 8, "seed": 3, "dropout": 0.0},
-                   {"d": 8, "heads": 4, "batch": 1, "seq": 4, "seed": 5, "dropout": 0.1}]
+                   {"d": 16, "heads": 4, "batch": 2, "seq": 8, "seed": 5, "dropout": 0.1}]
 
 PP_GOOD = _file("pp_file")
 #: An honest pipeline written differently: isend/irecv instead of batch_isend_irecv, its
@@ -579,7 +633,8 @@ def _jobs_rank(jobs):
             opts = kwargs[0] if kwargs else {}   # as hand_tp_on_ranks launches them
             blocks = payload["blocks"]["cases"] if opts.get("blocks") else []
             two_d = payload["torch"]["two_d"] if opts.get("torch") else []
-            out.append(tp_rank(payload["cases"], module, bool(opts.get("torch")), False, blocks, two_d))
+            cases = payload["cases"] if opts.get("mlp", True) else []   # blocks only: less launch time
+            out.append(tp_rank(cases, module, bool(opts.get("torch")), False, blocks, two_d))
         elif kind == "two_d":
             out.append(tp_rank(payload, module, True, two_d=True))
         elif kind == "block4":   # the lab's 4-rank launch, its block cases only
@@ -625,20 +680,23 @@ def launched(tmp_path_factory):
              "tp_torch_at_import": TP_TORCH_AT_IMPORT}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
-    # (blocks, torch's answers, the seeds): only what a test judges (each costs launch time)
+    # (blocks, torch's answers, the seeds[, the MLP cases]): only what a test judges (each costs
+    # launch time); the wrong blocks of issue 44 are judged on the blocks only
     wrong = (False, True, ["grade:ada"])
     runs = {"tp_good": (True, True, SEEDS), "tp_honest": (False, True, SEEDS),
             "tp_sp_honest": (True, False, [1]), "tp_sp_dtensor_honest": (True, True, [1]),
             "tp_sp_tp_plan": (True, True, ["grade:ada"]), "tp_not_parallel": (True, True, ["grade:ada"]),
             "tp_torch_at_import": (False, False, [0]),
             **{f"tp_{k}": (True, False, ["grade:ada"]) for k in WRONG_SP},
+            **{f"tp_{k}": (True, False, ["grade:ada"], False) for k in BLOCKS_ONLY},
             **{f"tp_{k}": wrong for k in WRONG_DP}}
     jobs, keys = [], []
     for name in files:
-        blocks, torch_tp, seeds = runs.get(name, (False, False, SEEDS))
+        blocks, torch_tp, seeds, *mlp = runs.get(name, (False, False, SEEDS))
         for seed in seeds:
             jobs.append(("tp", name, _hidden("check_tp_hand", seed)[0],
-                         {"blocks": blocks, "torch": torch_tp and (name != "tp_honest" or seed == 1)}))
+                         {"blocks": blocks, "torch": torch_tp and (name != "tp_honest" or seed == 1),
+                          "mlp": mlp[0] if mlp else True}))
             keys.append((name, seed))
     here = os.getcwd()
     os.chdir(folder)   # the ranks import the students' files from their working folder
@@ -1288,7 +1346,7 @@ def test_swapped_formula_passes_the_examples_only_where_p_equals_m():
 
 
 # -- the transformer block: check_tp_block, check_sp_hand (check_tp_hand's launch), check_sp_dtensor --
-BLOCK_CHECKS = ("check_tp_block", "check_sp_hand")
+BLOCK_CHECKS = ("check_tp_block", "check_sp_hand", "check_sp_memory")
 
 
 def _judge_blocks(monkeypatch, launched, variant: str, seed) -> dict:
@@ -1311,21 +1369,32 @@ def test_block_checks_honest_variant_passes(launched, monkeypatch):
         assert verdict.passed, (gid, verdict.message)
 
 
-#: wrong block -> (the check that fails, what its message names, the check that still passes)
-WRONG_SP_FAILS = {"sp_all_reduce_left_in": ("check_sp_hand", "all-reduce", "check_tp_block"),
-                  "attention_split_across_heads": ("check_tp_block", "output", "check_tp_hand"),
-                  "sp_gather_without_its_backward": ("check_sp_hand", "dL/dx", "check_tp_block"),
-                  "block_by_parallelize_module": ("check_sp_hand", "parallelize_module", "check_tp_hand")}
+#: wrong block -> ({the check that fails: what its message names}, the checks that still pass)
+WRONG_SP_FAILS = {
+    "sp_all_reduce_left_in": ({"check_sp_hand": "all-reduce"}, ("check_tp_block",)),
+    "attention_split_across_heads": ({"check_tp_block": "output"}, ("check_tp_hand",)),
+    "sp_gather_without_its_backward": ({"check_sp_hand": "dL/dx"}, ("check_tp_block",)),
+    "block_by_parallelize_module": ({"check_sp_hand": "parallelize_module"}, ("check_tp_hand",)),
+    "dropout_rng_ignored": ({"check_tp_block": "one RNG state", "check_sp_hand": "same dropout masks",
+                             "check_sp_memory": "same dropout masks"}, ()),
+    "one_rng_state_for_both": ({"check_sp_hand": "same dropout masks",
+                                "check_sp_memory": "same dropout masks"}, ("check_tp_block",)),
+    "save_shards_ignored": ({"check_sp_memory": "4 all-gathers"}, ("check_tp_block", "check_sp_hand")),
+    "shard_saving_keeps_the_gathered_input": ({"check_sp_memory": "save only this rank's shard"},
+                                              ("check_tp_block", "check_sp_hand")),
+}
 
 
 @slow
 @pytest.mark.parametrize("name", sorted(WRONG_SP))
 def test_wrong_block_fails(name, launched, monkeypatch):
     verdicts = _judge_blocks(monkeypatch, launched, f"tp_{name}", "grade:ada")
-    gid, phrase, unharmed = WRONG_SP_FAILS[name]
-    _fails_on_a_hidden_case(verdicts[gid])
-    assert phrase in verdicts[gid].message, verdicts[gid].message
-    assert verdicts[unharmed].passed, verdicts[unharmed].message
+    fails, unharmed = WRONG_SP_FAILS[name]
+    for gid, phrase in fails.items():
+        _fails_on_a_hidden_case(verdicts[gid])
+        assert phrase in verdicts[gid].message, (gid, verdicts[gid].message)
+    for gid in unharmed:
+        assert verdicts[gid].passed, (gid, verdicts[gid].message)
 
 
 @slow
@@ -1388,22 +1457,46 @@ def test_tp_rank_rejects_a_2d_mesh_that_is_not_the_world(monkeypatch):
 
 @slow
 def test_block_self_checks_read_the_lab_records_and_catch_the_tp_plan(launched4):
-    """The visible self-checks of Exercises 6-8 on the lab's 4-rank records: the reference
-    passes them; Exercise 8 answered with the plain TP plan fails its own."""
+    """The visible self-checks of Exercises 6-8 and 7's stretch on the lab's 4-rank records:
+    the reference passes them; Exercise 8 answered with the plain TP plan fails its own; the
+    lab's dropout case catches TP ranks whose masks differ and SP ranks whose masks agree."""
     import torch
 
     from perflab.labs.lab10.comm import wire_bytes
     from perflab.labs.lab10.models import tp_tensors, transformer_block
+    from perflab.labs.lab10.sp import BLOCK_REGION, SavedActivationBytes
 
-    def ns(variant):
+    def ns(variant, runs=None):
         return {"__name__": "__main__", "torch": torch, "TP_BLOCK_CASES": LAB_BLOCK_CASES,
                 "TP_WORLD": 4, "tp_tensors": tp_tensors, "transformer_block": transformer_block,
-                "wire_bytes": wire_bytes, "tp_runs": json.loads(json.dumps(launched4[f"block4_{variant}"]))}
+                "wire_bytes": wire_bytes, "BLOCK_REGION": BLOCK_REGION,
+                "SavedActivationBytes": SavedActivationBytes,
+                "tp_runs": runs or json.loads(json.dumps(launched4[f"block4_{variant}"]))}
 
-    for gid in ("check_tp_block", "check_sp_hand", "check_sp_dtensor"):
+    for gid in ("check_tp_block", "check_sp_hand", "check_sp_dtensor", "check_sp_memory"):
         NB.run_code(ns("tp_good"), split_check(NB.cells[gid]).probe)
     with pytest.raises(AssertionError, match="SequenceParallel on the norms"):
         NB.run_code(ns("sp_tp_plan"), split_check(NB.cells["check_sp_dtensor"]).probe)
+    k = next(k for k, c in enumerate(LAB_BLOCK_CASES) if c["dropout"])
+    runs = json.loads(json.dumps(launched4["block4_tp_good"]))
+    first = runs[0]["block"][k]["tp"]["masks"]["drop1"][0][0]
+    first[0] = not first[0]   # rank 0 kept another element than the others on a replicated activation
+    with pytest.raises(AssertionError, match="one RNG state"):
+        NB.run_code(ns("tp_good", runs), split_check(NB.cells["check_tp_block"]).probe)
+    runs = json.loads(json.dumps(launched4["block4_tp_good"]))
+    for r in runs:   # every rank's positions dropped alike: one generator state for the group
+        r["block"][k]["sp"]["masks"] = runs[0]["block"][k]["sp"]["masks"]
+    with pytest.raises(AssertionError, match="the same elements"):
+        NB.run_code(ns("tp_good", runs), split_check(NB.cells["check_sp_hand"]).probe)
+
+
+def test_lab_block_cases_are_the_notebooks():
+    import ast
+
+    text = NB.setup[NB.setup.index("TP_BLOCK_CASES = "):]
+    text = text[len("TP_BLOCK_CASES = "):text.index("]", text.index("dropout\": 0.1")) + 1]
+    text = re.sub(r"#[^\n]*", "", text)
+    assert ast.literal_eval(text) == LAB_BLOCK_CASES
 
 
 def test_the_block_pieces_measure_what_they_say_and_reject_bad_input():
@@ -1414,7 +1507,7 @@ def test_the_block_pieces_measure_what_they_say_and_reject_bad_input():
 
     from perflab.course.references.lab10 import block_reference, judge_block
     from perflab.labs.lab10.comm import wire_bytes
-    from perflab.labs.lab10.models import transformer_block
+    from perflab.labs.lab10.models import tp_tensors, transformer_block
     from perflab.labs.lab10.sp import SavedActivationBytes, block_param
 
     assert wire_bytes("all_reduce", 100, 4) == 150 == 2 * wire_bytes("all_gather", 100, 4)
@@ -1438,6 +1531,44 @@ def test_the_block_pieces_measure_what_they_say_and_reject_bad_input():
         block_param(block, "attn.wz.weight")
     case = {"d": 8, "heads": 2, "batch": 1, "seq": 2, "seed": 0, "dropout": 0.0}
     assert block_reference(case)["saved_bytes"] == 2 * 4 * (16 + 2 + 2)   # two LayerNorms, p = 0: no mask
+
+    # issue 44 item 5, the whole block: each storage once (two matmuls keep one input),
+    # parameters left out (a weight's transposed view too), and what a custom Function keeps
+    # with ctx.save_for_backward counted like the rest
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            ctx.save_for_backward(t)
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    lin, y = torch.nn.Linear(8, 8), torch.randn(2, 8, requires_grad=True)
+    with SavedActivationBytes([], params=list(lin.parameters())) as saved:
+        h = lin(y)
+        lin(y)
+        Keep.apply(h)
+    assert saved.nbytes == 0 and saved.total_nbytes == 4 * (16 + 16)   # y once, h once
+    with SavedActivationBytes([]) as unnamed:   # the same without naming the parameters:
+        lin(y)                                  # weight.t() is a view, not a Parameter
+    assert unnamed.total_nbytes == 4 * (16 + 64)
+
+    # issue 44 item 4: with the masks a dropout drew, the reference is that run
+    case = {"d": 8, "heads": 2, "batch": 2, "seq": 4, "seed": 3, "dropout": 0.5}
+    block = transformer_block(8, 2, seed=3, dropout=0.5)
+    drawn = {}
+    for name in ("drop1", "drop2"):
+        getattr(block, name).register_forward_hook(
+            lambda m, args, out, name=name: drawn.__setitem__(name, (out != 0).tolist()))
+    x, grad_out = tp_tensors(case)
+    x.requires_grad_(True)
+    out = block(x)
+    out.backward(grad_out)
+    ref = block_reference(case, drawn)
+    assert torch.allclose(ref["out"], out.detach(), atol=1e-6) and torch.allclose(ref["x_grad"], x.grad, atol=1e-6)
+    assert not torch.allclose(block_reference(case, {n: [[[True] * 8] * 4] * 2 for n in drawn})["out"], out)
     with pytest.raises(ValueError, match="mode"):
         judge_block("dp", [case], [])
     with pytest.raises(AssertionError, match="records of 1 block cases"):
@@ -1557,6 +1688,14 @@ def _simulate(schedule: str, p: int, m: int, f: float, b: float):
     """Each stage runs schedule_order's ops in turn, a forward of micro-batch i on stage s
     after stage s - 1's, a backward after stage s + 1's, messages free: the step's length
     and each stage's idle time (start, middle, end)."""
+    spans = _busy_spans(schedule, p, m, f, b)
+    step = max(sp[-1][1] for sp in spans)
+    return step, [(sp[0][0], sum(b0 - a1 for (_, a1), (b0, _) in zip(sp, sp[1:])), step - sp[-1][1])
+                  for sp in spans]
+
+
+def _busy_spans(schedule: str, p: int, m: int, f: float, b: float) -> list[list[tuple[float, float]]]:
+    """:func:`_simulate`'s schedule: each stage's ops as (start, end), in order."""
     from perflab.course.references.lab10 import schedule_order
 
     orders = [schedule_order(schedule, p, s, m) for s in range(p)]
@@ -1576,9 +1715,7 @@ def _simulate(schedule: str, p: int, m: int, f: float, b: float):
             spans[s].append((start, free[s]))
             pos[s], moved = pos[s] + 1, True
         assert moved, "the schedule deadlocks"
-    step = max(free)
-    return step, [(sp[0][0], sum(b0 - a1 for (_, a1), (b0, _) in zip(sp, sp[1:])), step - sp[-1][1])
-                  for sp in spans]
+    return spans
 
 
 @pytest.mark.parametrize("p, m, f, b", [(2, 1, 1.0, 2.0), (4, 4, 1.0, 2.0), (3, 5, 1.0, 3.0), (4, 9, 2.0, 3.0)])
@@ -1599,6 +1736,39 @@ def test_the_bubble_text_is_what_the_schedules_do(p, m, f, b):
             assert start + middle + end == pytest.approx((p - 1) * (f + b))
             if schedule == "gpipe":
                 assert middle == pytest.approx((p - 1 - s) * (f + b))
+
+
+@pytest.mark.parametrize("p, m, f, b", [(2, 2, 1.0, 2.0), (4, 4, 1.0, 2.0), (3, 5, 1.0, 3.0), (4, 9, 2.0, 3.0)])
+def test_the_rubric_says_where_each_stage_waits(p, m, f, b):
+    """Issue 44 item 8: the rubric said "the first stage still waits p − 1 slots before the
+    steady state"; the last stage is the one that waits p − 1 forward slots, the first starts
+    at once and waits for its first gradient: in GPipe once, p − 1 forward and p − 1 backward
+    slots after its last forward; in 1F1B (m ≥ p) p − 1 backward slots after its p warm-up
+    forwards, then a forward slot before each of its last p − 1 backwards. The rubric and its
+    model answer say so, and the schedules the checks grade do it."""
+    from perflab.course.references.lab10 import schedule_order
+
+    cell = next(c for c in NB.nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "explain_1f1b")
+    answer = " ".join(cell.source.split())
+    assert "first stage still waits" not in answer
+    for phrase in ("the *last* stage waits p − 1 forward slots; the first starts at once",
+                   "GPipe's one wait of p − 1 forward and p − 1 backward slots after its last forward",
+                   "p − 1 backward slots after its p warm-up forwards and one forward slot before each "
+                   "of its last p − 1 backwards",
+                   "the last stage gets its first micro-batch only after p − 1 forward slots"):
+        assert phrase in answer, phrase
+    for schedule in ("gpipe", "1f1b"):
+        spans = _busy_spans(schedule, p, m, f, b)
+        assert spans[0][0][0] == 0 and spans[-1][0][0] == pytest.approx((p - 1) * f)
+        order = schedule_order(schedule, p, 0, m)
+        gaps = [(order[j], start - spans[0][j - 1][1]) for j, (start, _) in enumerate(spans[0])
+                if j and start - spans[0][j - 1][1] > 1e-9]
+        if schedule == "gpipe":
+            assert gaps == [("B0", pytest.approx((p - 1) * (f + b)))]
+        else:
+            assert order[:p] == [f"F{i}" for i in range(p)]
+            assert gaps == [("B0", pytest.approx((p - 1) * b))] + [
+                (f"B{i}", pytest.approx(f)) for i in range(m - p + 1, m)]
 
 
 def test_what_a_student_could_not_tell_is_stated():

@@ -9,6 +9,7 @@ torch tensor parallelism (``parallel_mlp``, ``parallel_block``, the 2-D layout's
 the first of a shared launch judge the cases the first one drew."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -270,29 +271,70 @@ def judge_pipeline(schedule: str, configs: list[dict], records: Any) -> None:
 
 
 # -- the transformer block: tensor and sequence parallel (issue 35 item 4) ----------------------
-def block_reference(case: dict[str, Any]) -> dict[str, Any]:
+def block_reference(case: dict[str, Any], masks: dict[str, Any] | None = None) -> dict[str, Any]:
     """The unsharded :func:`~perflab.labs.lab10.models.transformer_block` on one case
     ``{"d", "heads", "batch", "seq", "seed", "dropout"}``: ``y = block(x)``,
     ``y.backward(dL/dy)`` (:func:`~perflab.labs.lab10.models.tp_tensors`).
 
+    Args:
+        case: the block case.
+        masks: with dropout ``> 0``, ``{"drop1", "drop2"}``: the elements each dropout keeps,
+            ``(B, S, d)`` bools; the output and gradients are then the block's with those
+            masks (a dropout's output ``input · mask / (1 − p)``, as ``nn.Dropout``
+            computes it). Without them a dropout case's output is one draw of this
+            process's generator: its bytes, not its values, are the reference.
+
     Returns:
         ``{"out", "x_grad"}`` (float32 tensors ``(B, S, d)``), ``"grads"`` (the full
         gradient of every parameter of :data:`~perflab.labs.lab10.sp.BLOCK_PARAMS`, by
-        name) and ``"saved_bytes"``: the activation bytes its LayerNorms and dropouts keep
-        for the backward (:class:`~perflab.labs.lab10.sp.SavedActivationBytes`, int).
+        name), ``"saved_bytes"``: the activation bytes its LayerNorms and dropouts keep
+        for the backward, and ``"block_saved_bytes"``: those the whole block keeps, each
+        storage once, parameters left out (:class:`~perflab.labs.lab10.sp.SavedActivationBytes`,
+        ints).
     """
     from perflab.labs.lab10.models import transformer_block
     from perflab.labs.lab10.sp import BLOCK_PARAMS, BLOCK_REGION, SavedActivationBytes, block_param
 
-    block = transformer_block(int(case["d"]), int(case["heads"]), int(case["seed"]),
-                              float(case.get("dropout", 0.0)))
-    x, grad_out = tp_tensors(case)
-    x.requires_grad_(True)
-    with SavedActivationBytes([getattr(block, n) for n in BLOCK_REGION]) as saved:
-        out = block(x)
-    out.backward(grad_out)
-    return {"out": out.detach(), "x_grad": x.grad, "saved_bytes": saved.nbytes,
-            "grads": {name: block_param(block, name).grad for name in BLOCK_PARAMS}}
+    def run(with_masks: bool) -> tuple[Any, Any, Any, SavedActivationBytes]:
+        block = transformer_block(int(case["d"]), int(case["heads"]), int(case["seed"]),
+                                  float(case.get("dropout", 0.0)))
+        handles = []
+        if with_masks:
+            for name in ("drop1", "drop2"):
+                keep = torch.as_tensor(masks[name], dtype=torch.bool)
+                handles.append(getattr(block, name).register_forward_hook(
+                    lambda m, args, out, keep=keep: args[0] * keep / (1 - m.p)))
+        x, grad_out = tp_tensors(case)
+        x.requires_grad_(True)
+        with SavedActivationBytes([getattr(block, n) for n in BLOCK_REGION],
+                                  params=list(block.parameters())) as saved:
+            out = block(x)
+        out.backward(grad_out)
+        for h in handles:
+            h.remove()
+        return block, out, x, saved
+
+    def result(with_masks: bool) -> dict[str, Any]:
+        block, out, x, saved = run(with_masks)
+        return {"out": out.detach(), "x_grad": x.grad, "saved_bytes": saved.nbytes,
+                "block_saved_bytes": saved.total_nbytes,
+                "grads": {name: block_param(block, name).grad for name in BLOCK_PARAMS}}
+
+    key = json.dumps({k: case[k] for k in ("d", "heads", "batch", "seq", "seed", "dropout")},
+                     sort_keys=True)
+    if key not in _BLOCK_REFERENCES:   # the judges of every mode read the same case's
+        if len(_BLOCK_REFERENCES) >= 32:
+            _BLOCK_REFERENCES.clear()
+        _BLOCK_REFERENCES[key] = result(False)
+    ref = _BLOCK_REFERENCES[key]
+    if masks is None or float(case.get("dropout", 0.0)) == 0:
+        return ref
+    return {**result(True), "saved_bytes": ref["saved_bytes"],
+            "block_saved_bytes": ref["block_saved_bytes"]}
+
+
+#: :func:`block_reference`'s runs without masks, by case (read, never changed, by the judges).
+_BLOCK_REFERENCES: dict[str, dict[str, Any]] = {}
 
 
 def _shard(full: torch.Tensor, how: str, rank: int, world: int) -> torch.Tensor:
@@ -315,17 +357,72 @@ def _same(value: Any, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4
     return t is not None and t.shape == want.shape and bool(torch.allclose(t, want, atol=atol, rtol=rtol))
 
 
+#: The block modes :func:`judge_block` judges -> (what the records are called, the
+#: collectives each pass issues: kinds, sorted).
+_BLOCK_MODE_COLLECTIVES = {
+    "tp": ("tensor-parallel", {"forward": ["all_reduce"] * 2, "backward": ["all_reduce"] * 2}),
+    "sp": ("sequence-parallel", {"forward": ["all_gather"] * 2 + ["reduce_scatter"] * 2,
+                                 "backward": ["all_gather"] * 2 + ["reduce_scatter"] * 2}),
+    "sp_shard": ("shard-saving sequence-parallel",
+                 {"forward": ["all_gather"] * 2 + ["reduce_scatter"] * 2,
+                  "backward": ["all_gather"] * 4 + ["reduce_scatter"] * 2}),
+}
+
+
+def _masks(where: str, recs: list[dict], mode: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """The dropout masks of a dropout case's records, checked: in ``"tp"`` every rank's
+    mask the same (``shape``, a replicated activation), returned as rank 0's; in the
+    sequence-parallel modes no two ranks' the same (each ``shape`` with ``S/world``
+    positions), returned concatenated along the sequence."""
+    world = len(recs)
+    got: dict[str, list[torch.Tensor]] = {}
+    for name in ("drop1", "drop2"):
+        got[name] = []
+        for q, rec in enumerate(recs):
+            m = (rec.get("masks") or {}).get(name)
+            t = None
+            try:
+                t = torch.as_tensor(m, dtype=torch.bool)
+            except (TypeError, ValueError, RuntimeError):
+                pass
+            want = shape if mode == "tp" else (shape[0], shape[1] // world, *shape[2:])
+            assert t is not None and tuple(t.shape) == want, (
+                f"{where}, rank {q}: no record of what {name} kept (its module was not called "
+                f"once on a {list(want)} activation?)")
+            got[name].append(t)
+    if mode == "tp":
+        for q in range(1, world):
+            same = all(torch.equal(got[n][q], got[n][0]) for n in got)
+            assert same, (
+                f"{where}: rank {q} drew other dropout masks than rank 0 on the replicated "
+                "activation (the ranks' replicas of the block diverge): every rank of the "
+                "tensor-parallel group needs one RNG state for it (Megatron-LM's default "
+                "generator, seeded the same on the group), whatever each rank's own generator holds")
+        return {n: ts[0] for n, ts in got.items()}
+    for q in range(world):
+        for r in range(q):
+            same = all(torch.equal(got[n][q], got[n][r]) for n in got)
+            assert not same, (
+                f"{where}: ranks {r} and {q} drew the same dropout masks on their own positions "
+                "(every shard repeats one pattern): a sharded activation needs a different RNG "
+                "state on each rank (Megatron-LM's tracker: seed + 2718 + tp_rank)")
+    return {n: torch.cat(ts, dim=1) for n, ts in got.items()}
+
+
 def judge_block(mode: str, cases: list[dict], records: Any, world: int = 2) -> None:
     """Judge the student's ``ShardedBlock`` in ``mode`` on the block cases drawn here,
     from ``[case][rank]`` records (:func:`perflab.labs.lab10.ranks.block_check_records`).
 
-    Every case: no error and no torch tensor parallelism ran (``delegated``); with
-    ``dropout == 0`` (the masks of a sharded and an unsharded run differ otherwise) the
-    output and ``dL/dx`` are the unsharded block's (:func:`block_reference`; in ``"sp"``
-    rank r's positions ``r·S/p … (r+1)·S/p``) and every parameter gradient is its shard
-    of the unsharded one (heads' rows, their columns of ``wo``; a whole parameter's
-    gradient: on every rank in ``"tp"``, summed over the ranks in ``"sp"``, where each
-    rank saw only its positions).
+    Every case: no error and no torch tensor parallelism ran (``delegated``); with dropout
+    ``> 0`` the dropout masks the ranks recorded (``"masks"``) are one mask on every rank
+    in ``"tp"`` (a replicated activation; the ranks' own generators were seeded apart) and
+    a different one on every rank in the sequence-parallel modes (their positions; the
+    generators seeded alike: :func:`perflab.labs.lab10.ranks.block_rank_seed`); the output
+    and ``dL/dx`` are the unsharded block's (:func:`block_reference`, with those masks; in
+    the sequence-parallel modes rank r's positions ``r·S/p … (r+1)·S/p``) and every
+    parameter gradient is its shard of the unsharded one (heads' rows, their columns of
+    ``wo``; a whole parameter's gradient: on every rank in ``"tp"``, summed over the ranks
+    in the sequence-parallel modes, where each rank saw only its positions).
 
     ``"tp"``: the forward and the backward each issue exactly two all-reduces of the
     block's activation (``B·S·d·4`` bytes), from the student's own autograd Functions.
@@ -335,7 +432,11 @@ def judge_block(mode: str, cases: list[dict], records: Any, world: int = 2) -> N
     (:func:`~perflab.labs.lab10.comm.wire_bytes`) equal tensor parallelism's four
     all-reduces; and the LayerNorms' and dropouts' saved activation bytes per rank are
     the unsharded block's over ``world`` (Korthikanti et al. 2022, §4.2.2), where ``"tp"``
-    keeps all of them on every rank.
+    keeps all of them on every rank. ``"sp_shard"`` (``save_shards=True``): as ``"sp"``,
+    the backward with two more all-gathers (the column-parallel matmuls' input gathered
+    again), so two all-gathers more on the wire, and the bytes the whole block keeps per
+    rank (``"block_saved_bytes"``) the unsharded block's over ``world``: all its
+    activations divided by tp.
 
     Raises:
         ValueError: an unknown mode.
@@ -344,11 +445,11 @@ def judge_block(mode: str, cases: list[dict], records: Any, world: int = 2) -> N
     from perflab.labs.lab10.comm import wire_bytes
     from perflab.labs.lab10.sp import BLOCK_PARAMS
 
-    if mode not in ("tp", "sp"):
-        raise ValueError(f"mode must be 'tp' or 'sp', got {mode!r}")
+    if mode not in _BLOCK_MODE_COLLECTIVES:
+        raise ValueError(f"mode must be one of {tuple(_BLOCK_MODE_COLLECTIVES)}, got {mode!r}")
     assert isinstance(records, list) and len(records) == len(cases), (
         f"records of {len(cases)} block cases expected, got {type(records).__name__}")
-    what = "tensor-parallel" if mode == "tp" else "sequence-parallel"
+    what, collectives = _BLOCK_MODE_COLLECTIVES[mode]
     for case, recs in zip(cases, records):
         where = (f"{what} block, d={case['d']}, heads={case['heads']}, (batch, seq) = "
                  f"({case['batch']}, {case['seq']}), dropout {case['dropout']}, seed {case['seed']}")
@@ -359,31 +460,33 @@ def judge_block(mode: str, cases: list[dict], records: Any, world: int = 2) -> N
             assert rec.get("delegated") == [], (
                 f"{where}, rank {q}: ShardedBlock ran {rec.get('delegated')}: torch's tensor "
                 "parallelism, not the student's own Functions")
-        ref = block_reference(case)
+        shape = (int(case["batch"]), int(case["seq"]), int(case["d"]))
+        masks = _masks(where, recs, mode, shape) if case["dropout"] else None
+        ref = block_reference(case, masks)
         n = 4 * case["batch"] * case["seq"] * case["d"]
         s = case["seq"] // world
-        if case["dropout"] == 0:
-            for q, rec in enumerate(recs):
-                pos = slice(None) if mode == "tp" else slice(q * s, (q + 1) * s)
-                part = "" if mode == "tp" else f" (its positions {q * s}..{(q + 1) * s - 1})"
-                assert _same(rec.get("out"), ref["out"][:, pos]), (
-                    f"{where}, rank {q}: the output{part} differs from the unsharded block's")
-                assert _same(rec.get("x_grad"), ref["x_grad"][:, pos]), (
-                    f"{where}, rank {q}: dL/dx{part} differs from the unsharded block's")
-            for name, how in BLOCK_PARAMS.items():
-                grads = [(rec.get("grads") or {}).get(name) for rec in recs]
-                if how == "whole" and mode == "sp":
-                    ts = [_tensor(g) for g in grads]
-                    ok = all(t is not None and t.shape == ref["grads"][name].shape for t in ts) and _same(
-                        sum(ts), ref["grads"][name])
-                    assert ok, (f"{where}: {name}'s gradient summed over the ranks (each from its "
-                                "own positions) differs from the unsharded block's")
-                    continue
-                for q, g in enumerate(grads):
-                    assert _same(g, _shard(ref["grads"][name], how, q, world)), (
-                        f"{where}, rank {q}: {name}'s gradient differs from its shard of the "
-                        "unsharded block's" + (" (rank r holds heads r·h/p … (r+1)·h/p: whole heads)"
-                                               if name.startswith("attn") else ""))
+        for q, rec in enumerate(recs):
+            pos = slice(None) if mode == "tp" else slice(q * s, (q + 1) * s)
+            part = "" if mode == "tp" else f" (its positions {q * s}..{(q + 1) * s - 1})"
+            assert _same(rec.get("out"), ref["out"][:, pos]), (
+                f"{where}, rank {q}: the output{part} differs from the unsharded block's"
+                + (" with the dropout masks the ranks drew" if masks else ""))
+            assert _same(rec.get("x_grad"), ref["x_grad"][:, pos]), (
+                f"{where}, rank {q}: dL/dx{part} differs from the unsharded block's")
+        for name, how in BLOCK_PARAMS.items():
+            grads = [(rec.get("grads") or {}).get(name) for rec in recs]
+            if how == "whole" and mode != "tp":
+                ts = [_tensor(g) for g in grads]
+                ok = all(t is not None and t.shape == ref["grads"][name].shape for t in ts) and _same(
+                    sum(ts), ref["grads"][name])
+                assert ok, (f"{where}: {name}'s gradient summed over the ranks (each from its "
+                            "own positions) differs from the unsharded block's")
+                continue
+            for q, g in enumerate(grads):
+                assert _same(g, _shard(ref["grads"][name], how, q, world)), (
+                    f"{where}, rank {q}: {name}'s gradient differs from its shard of the "
+                    "unsharded block's" + (" (rank r holds heads r·h/p … (r+1)·h/p: whole heads)"
+                                           if name.startswith("attn") else ""))
         for q, rec in enumerate(recs):
             fwd, bwd = rec.get("forward"), rec.get("backward")
             for phase, seen in (("forward", fwd), ("backward", bwd)):
@@ -400,22 +503,35 @@ def judge_block(mode: str, cases: list[dict], records: Any, world: int = 2) -> N
                     f"{where}, rank {q}: the {phase} issued an all-reduce ({seen}): sequence "
                     "parallelism replaces every all-reduce of activations by a reduce-scatter "
                     "and an all-gather")
-                assert kinds == ["all_gather"] * 2 + ["reduce_scatter"] * 2 and all(
-                    c[1] == n and c[2] is True for c in seen), (
+                want = collectives[phase]
+                assert kinds == want and all(c[1] == n and c[2] is True for c in seen), (
                     f"{where}, rank {q}: the {phase} issued {seen} ([kind, bytes, from the "
-                    f"student's own autograd.Function]); two all-gathers and two reduce-scatters "
-                    f"of the full activation ({n} bytes) expected")
-            if mode == "sp":
+                    f"student's own autograd.Function]); {want.count('all_gather')} all-gathers and "
+                    f"{want.count('reduce_scatter')} reduce-scatters of the full activation ({n} bytes) "
+                    "expected" + (" (Exercise 7's, and in the backward one more all-gather where each "
+                                  "gather ran: one for q, k and v, one for the MLP)"
+                                  if mode == "sp_shard" else ""))
+            if mode != "tp":
                 wire = sum(wire_bytes(c[0], c[1], world) for c in fwd + bwd)
-                tp_wire = 4 * wire_bytes("all_reduce", n, world)
-                assert abs(wire - tp_wire) <= 1e-9 * tp_wire, (
+                want_wire = 4 * wire_bytes("all_reduce", n, world) + (
+                    2 * wire_bytes("all_gather", n, world) if mode == "sp_shard" else 0)
+                assert abs(wire - want_wire) <= 1e-9 * want_wire, (
                     f"{where}, rank {q}: {wire:g} bytes on the wire per step; tensor parallelism's "
-                    f"four all-reduces move {tp_wire:g}")
+                    f"four all-reduces move {4 * wire_bytes('all_reduce', n, world):g}"
+                    + (", and the two all-gathers again in the backward "
+                       f"{2 * wire_bytes('all_gather', n, world):g} more" if mode == "sp_shard" else ""))
             want = ref["saved_bytes"] if mode == "tp" else ref["saved_bytes"] / world
             assert rec.get("saved_bytes") == want, (
                 f"{where}, rank {q}: the LayerNorms and dropouts kept {rec.get('saved_bytes')} bytes "
                 f"of activations for the backward; {want:g} expected (the unsharded block's "
                 f"{ref['saved_bytes']}" + ("" if mode == "tp" else f" over tp = {world}") + ")")
+            if mode == "sp_shard":
+                want = ref["block_saved_bytes"] / world
+                assert rec.get("block_saved_bytes") == want, (
+                    f"{where}, rank {q}: the block kept {rec.get('block_saved_bytes')} bytes of "
+                    f"activations for the backward; {want:g} expected: the unsharded block's "
+                    f"{ref['block_saved_bytes']} over tp = {world} (save only this rank's shard "
+                    "of the column-parallel matmuls' input, and the parameters, for the backward)")
 
 
 def judge_dtensor_block(cases: list[dict], records: Any) -> None:

@@ -52,7 +52,7 @@ from perflab.labs.lab10.pipeline import CallTrace, code_of
 
 __all__ = ["import_student", "shard_compute_s", "tp_rank", "pp_rank", "lab10_rank",
            "hand_tp_on_ranks", "pipeline_on_ranks", "check_runs", "pipeline_check_records",
-           "block_check_records", "TRACED_COLLECTIVES",
+           "block_check_records", "BLOCK_MODES", "block_rank_seed", "TRACED_COLLECTIVES",
            "judged_by", "PIPELINE_CHECKS",
            "HandTPTrace", "HAND_TP_FORBIDDEN", "HAND_PP_FORBIDDEN", "PP_SCHEDULES",
            "PP_P2P_TIMEOUT_S"]
@@ -256,41 +256,88 @@ def _block_grads(module: Any) -> dict[str, list | None]:
     return {name: _local(block_param(module, name).grad) for name in BLOCK_PARAMS}
 
 
+#: The modes of the student's ``ShardedBlock`` a block case runs in -> its keyword arguments:
+#: tensor parallel, sequence parallel (Exercise 7) and sequence parallel keeping only each
+#: rank's shard of the column-parallel matmuls' input (Exercise 7's stretch).
+BLOCK_MODES = {"tp": {"sequence_parallel": False},
+               "sp": {"sequence_parallel": True},
+               "sp_shard": {"sequence_parallel": True, "save_shards": True}}
+
+
+def block_rank_seed(mode: str, case: dict[str, Any], rank: int) -> int:
+    """The seed of rank ``rank``'s own (default) generator before its block of ``case``
+    runs in ``mode``: different on every rank in ``"tp"`` (as a launch that seeds each
+    rank apart leaves them: the dropout mask of a replicated activation must not depend on
+    it, so the block needs one RNG state for the whole tensor-parallel group), the same on
+    every rank in the sequence-parallel modes (as Megatron-LM seeds a tensor-parallel
+    group: the mask of a sharded activation must differ on each rank all the same)."""
+    base = int(case["seed"])
+    return base + 1_000_003 * (rank + 1) if mode == "tp" else base
+
+
+def _dropout_masks(modules: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """Forward hooks recording which elements each dropout module kept (its output's
+    nonzero entries, the last call's) -> ({name: mask as nested lists}, hook handles)."""
+    masks: dict[str, Any] = {}
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: Any, args: Any, out: Any) -> None:
+            local = out.to_local() if hasattr(out, "to_local") else out
+            masks[name] = (local.detach() != 0).tolist()
+        return record
+
+    return masks, [m.register_forward_hook(hook(n)) for n, m in modules.items()]
+
+
 def _block_case(student: Any, case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    """The student's ``ShardedBlock`` on one case, tensor parallel (``"tp"``: the whole
-    sequence on every rank, Megatron's f and g) and sequence parallel (``"sp"``: this
-    rank's positions, :func:`_sequence_shard`): each one's output, input gradient, local
-    parameter gradients, the collectives :class:`HandTPTrace` saw in the forward and in
-    the backward (``[kind, bytes, own]``), the activation bytes saved for the backward by
-    its LayerNorms and dropouts (:class:`~perflab.labs.lab10.sp.SavedActivationBytes`) and
-    which of :data:`HAND_TP_FORBIDDEN` ran. Case: ``{"d", "heads", "batch", "seq", "seed",
-    "dropout"}`` (the block is :func:`~perflab.labs.lab10.models.transformer_block`)."""
+    """The student's ``ShardedBlock`` on one case in each of :data:`BLOCK_MODES`: tensor
+    parallel (``"tp"``: the whole sequence on every rank, Megatron's f and g), sequence
+    parallel (``"sp"``: this rank's positions, :func:`_sequence_shard`) and sequence
+    parallel saving only the shards (``"sp_shard"``: ``save_shards=True``). Each mode
+    records its output, input gradient, local parameter gradients, the collectives
+    :class:`HandTPTrace` saw in the forward and in the backward (``[kind, bytes, own]``),
+    the activation bytes its LayerNorms and dropouts keep for the backward
+    (``"saved_bytes"``) and those the whole block keeps (``"block_saved_bytes"``: each
+    storage once, parameters left out; :class:`~perflab.labs.lab10.sp.SavedActivationBytes`),
+    with dropout ``> 0`` the elements its ``drop1`` and ``drop2`` kept (``"masks"``), and
+    which of :data:`HAND_TP_FORBIDDEN` ran. This rank's own generator is seeded
+    :func:`block_rank_seed` before each mode. Case: ``{"d", "heads", "batch", "seq",
+    "seed", "dropout"}`` (the block is :func:`~perflab.labs.lab10.models.transformer_block`)."""
     from perflab.labs.checking import watch_calls
     from perflab.labs.lab10.models import transformer_block
     from perflab.labs.lab10.sp import BLOCK_REGION, SavedActivationBytes
 
     out: dict[str, Any] = {}
-    for mode in ("tp", "sp"):
+    dropout = float(case.get("dropout", 0.0))
+    for mode, kwargs in BLOCK_MODES.items():
+        handles: list[Any] = []
         try:
-            block = transformer_block(int(case["d"]), int(case["heads"]), int(case["seed"]),
-                                      float(case.get("dropout", 0.0)))
+            block = transformer_block(int(case["d"]), int(case["heads"]), int(case["seed"]), dropout)
             x, grad_out = tp_tensors(case)
-            if mode == "sp":
+            if mode != "tp":
                 x, grad_out = _sequence_shard(x, rank, world), _sequence_shard(grad_out, rank, world)
             x.requires_grad_(True)
+            torch.manual_seed(block_rank_seed(mode, case, rank))
             with watch_calls({n: _object_at(n) for n in HAND_TP_FORBIDDEN}) as delegated:
-                mine = student.ShardedBlock(block, rank, world, sequence_parallel=mode == "sp")
+                mine = student.ShardedBlock(block, rank, world, **kwargs)
                 region = [getattr(mine, name) for name in BLOCK_REGION]
-                with HandTPTrace(student) as fwd, SavedActivationBytes(region) as saved:
+                masks, handles = _dropout_masks({n: getattr(mine, n) for n in ("drop1", "drop2")}
+                                                if dropout else {})
+                with HandTPTrace(student) as fwd, SavedActivationBytes(
+                        region, params=list(mine.parameters())) as saved:
                     y = mine(x)
                 with HandTPTrace(student) as bwd:
                     y.backward(grad_out)
             out[mode] = {"out": _local(y), "x_grad": _local(x.grad), "grads": _block_grads(mine),
                          "forward": fwd.collectives, "backward": bwd.collectives,
                          "saved_bytes": saved.nbytes, "saved_shapes": saved.shapes,
+                         "block_saved_bytes": saved.total_nbytes, "masks": masks,
                          "delegated": list(delegated)}
         except Exception as e:  # noqa: BLE001 - the student's code: reported, not raised
             out[mode] = _error(e)
+        finally:
+            for h in handles:
+                h.remove()
     return out
 
 
@@ -414,7 +461,7 @@ def tp_rank(cases: Sequence[dict[str, int]], student_module: str = "tp_student",
     for case in block_cases:
         out["block"].append(_block_case(student, case, rank, world))
         dist.barrier()
-    hand_records = out["hand"] + [r[m] for r in out["block"] for m in ("tp", "sp") if m in r]
+    hand_records = out["hand"] + [r[m] for r in out["block"] for m in BLOCK_MODES if m in r]
     for rec in hand_records:   # what ran at import counts against every hand-written case
         if "delegated" in rec:
             rec["delegated"] += [n for n in at_import if n not in rec["delegated"]]
@@ -713,8 +760,8 @@ def hand_tp_on_ranks(cases: Sequence[dict[str, int]], student_module: str = "tp_
     hidden cases. Returns ``[rank][case]`` records (``tp_rank``'s ``"hand"`` lists).
 
     With ``blocks`` (``{"cases": [block case, ...], "seal": the grader's seal of them}``)
-    the same launch also runs the student's ``ShardedBlock`` on those cases (tensor and
-    sequence parallel, :func:`_block_case`) and keeps their records in this process,
+    the same launch also runs the student's ``ShardedBlock`` on those cases (in each of
+    :data:`BLOCK_MODES`, :func:`_block_case`) and keeps their records in this process,
     replacing any earlier ones, for the block checks after it
     (:func:`block_check_records`): one launch for every hand-written TP check.
 
@@ -756,8 +803,8 @@ def hand_tp_on_ranks(cases: Sequence[dict[str, int]], student_module: str = "tp_
 #: the records of the student's torch answers by mode, each with its cases and seal.
 _BLOCK_LAUNCH: dict[str, Any] = {}
 #: What a block check's judge reads of a mode's record.
-_BLOCK_KEYS = ("out", "x_grad", "grads", "forward", "backward", "saved_bytes", "delegated",
-               "error")
+_BLOCK_KEYS = ("out", "x_grad", "grads", "forward", "backward", "saved_bytes",
+               "block_saved_bytes", "masks", "delegated", "error")
 #: What the judges of the student's torch answers read of a record, by mode.
 _TORCH_KEYS = {
     "dtensor": ("out", "x_grad", "fc1_weight_grad", "fc1_bias_grad", "fc2_weight_grad",
@@ -771,11 +818,11 @@ _TORCH_KEYS = {
 
 
 def block_check_records(mode: str) -> dict[str, Any]:
-    """The records of the student's ``ShardedBlock`` in one mode (``"tp"`` or ``"sp"``)
-    from the launch that :func:`hand_tp_on_ranks` made with ``blocks`` in this process
-    (the TP check's): ``{"cases", "seal", "records": [case][rank] record}`` (the judges'
-    keys only), the cases and seal as the first check passed them (the grader's judge
-    verifies the seal: the cases are the ones it drew).
+    """The records of the student's ``ShardedBlock`` in one mode (``"tp"``, ``"sp"`` or
+    ``"sp_shard"``: :data:`BLOCK_MODES`) from the launch that :func:`hand_tp_on_ranks`
+    made with ``blocks`` in this process (the TP check's): ``{"cases", "seal", "records":
+    [case][rank] record}`` (the judges' keys only), the cases and seal as the first check
+    passed them (the grader's judge verifies the seal: the cases are the ones it drew).
 
     The same for the student's torch answers that launch ran with ``torch_tp``: mode
     ``"dtensor"`` (``parallel_mlp``), ``"dtensor_block"`` (``parallel_block``) or
@@ -786,9 +833,9 @@ def block_check_records(mode: str) -> dict[str, Any]:
         ValueError: an unknown mode.
         RuntimeError: no such launch was made in this process.
     """
-    if mode not in ("tp", "sp", *_TORCH_KEYS):
-        raise ValueError(f"mode must be 'tp', 'sp', {', '.join(map(repr, _TORCH_KEYS))}, "
-                         f"got {mode!r}")
+    modes = (*BLOCK_MODES, *_TORCH_KEYS)
+    if mode not in modes:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, modes))}, got {mode!r}")
     part = _BLOCK_LAUNCH.get("parts", {}).get(mode) if mode in _TORCH_KEYS else (
         _BLOCK_LAUNCH if "ranks" in _BLOCK_LAUNCH else None)
     if part is None:

@@ -1,6 +1,7 @@
 """Sequence parallelism, measured on a rank (Lab 10): the activation bytes a block's
-LayerNorm and dropout region keeps for the backward, and the parameters of a
-tensor-parallel :class:`~perflab.labs.lab10.models.TransformerBlock` by name.
+LayerNorm and dropout region keeps for the backward and those the whole block keeps, and
+the parameters of a tensor-parallel :class:`~perflab.labs.lab10.models.TransformerBlock`
+by name.
 
 Korthikanti et al. 2022 (*Reducing Activation Recomputation in Large Transformer
 Models*, arXiv:2205.05198, §4.2.2) run a block's LayerNorms and dropouts on a slice of
@@ -8,7 +9,10 @@ the sequence on each tensor-parallel rank: those ops act on each position alone,
 what they keep for the backward (the LayerNorm's input, mean and reciprocal standard
 deviation, the dropout's mask) shrinks from ``(B, S, ·)`` to ``(B, S/tp, ·)`` per rank,
 where plain tensor parallelism keeps it whole on every rank. :class:`SavedActivationBytes`
-measures exactly that region on the module objects that run it.
+measures exactly that region on the module objects that run it, and everything the block
+keeps: all of it divided by tp needs the column-parallel matmuls to keep only their input's
+sequence shard and all-gather it again in the backward (Megatron-LM's
+``LinearWithGradAccumulationAndAsyncCommunication``, megatron/core/tensor_parallel/layers.py).
 """
 from __future__ import annotations
 
@@ -56,57 +60,93 @@ def block_param(module: torch.nn.Module, name: str) -> Any:
 
 
 class SavedActivationBytes:
-    """Bytes the autograd graph keeps for the backward while the given modules run
-    (``torch.autograd.graph.saved_tensors_hooks``, entered by a forward pre-hook and left
-    by a forward hook of each module), parameters not counted (they are the model's, not
-    activations): a LayerNorm's input, mean and rstd; a dropout's mask.
+    """Bytes the autograd graph keeps for the backward: while the given modules run
+    (``nbytes``: a LayerNorm's input, mean and rstd; a dropout's mask) and in the whole
+    ``with`` body (``total_nbytes``: every activation a block keeps, each storage once),
+    parameters not counted (they are the model's, not activations).
+
+    One ``torch.autograd.graph.saved_tensors_hooks`` is open for the ``with`` body; a
+    forward pre-hook and a forward hook of each module mark when one of them runs. What
+    a custom ``torch.autograd.Function`` keeps with ``ctx.save_for_backward`` is counted
+    like any other saved tensor.
 
     Usage, around the forward of a block whose ``ln1``, ``drop1``, ``ln2``, ``drop2`` are
     the modules it runs::
 
-        with SavedActivationBytes([block.ln1, block.drop1, block.ln2, block.drop2]) as saved:
+        with SavedActivationBytes([block.ln1, block.drop1, block.ln2, block.drop2],
+                                  params=block.parameters()) as saved:
             y = block(x)
-        saved.nbytes, saved.shapes
+        saved.nbytes, saved.shapes, saved.total_nbytes
 
     A module called through anything but its ``__call__`` (its functional form) is not
-    seen: the region is the modules' own runs.
+    seen by ``nbytes``: the region is the modules' own runs.
 
     Attributes:
-        nbytes: bytes of the saved tensors (numel x element size each), int.
-        shapes: ``[[shape...], ...]`` of the saved tensors, in the order they were saved.
+        nbytes: bytes of the tensors saved while a module of ``modules`` runs (numel x
+            element size each), int.
+        shapes: ``[[shape...], ...]`` of those tensors, in the order they were saved.
+        total_nbytes: bytes of the storages of every tensor saved in the ``with`` body,
+            each storage once (three matmuls that keep views of one input count it
+            once; a saved view keeps its whole storage alive, so the storage is what is
+            counted), the storages of ``params`` (and of ``nn.Parameter`` s) left out:
+            what sequence parallelism divides by tp (Korthikanti et al. 2022, §4.2.2).
     """
 
-    def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
+    def __init__(self, modules: Iterable[torch.nn.Module],
+                 params: Iterable[torch.Tensor] = ()) -> None:
         self.modules = list(modules)
         self.nbytes = 0
         self.shapes: list[list[int]] = []
+        self.total_nbytes = 0
+        self._params = {_storage(p)[0] for p in params}
+        self._storages: set[int] = set()
+        self._depth = 0
         self._handles: list[Any] = []
-        self._open: list[Any] = []
+        self._hooks: Any = None
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, torch.nn.Parameter):
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        if self._depth:
             self.nbytes += t.numel() * t.element_size()
             self.shapes.append(list(t.shape))
+        ptr, nbytes = _storage(t)
+        if ptr not in self._params and ptr not in self._storages:
+            self._storages.add(ptr)
+            self.total_nbytes += nbytes
         return t
 
     def _enter(self, module: Any, args: Any) -> None:
-        ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        ctx.__enter__()
-        self._open.append(ctx)
+        self._depth += 1
 
     def _leave(self, module: Any, args: Any, out: Any) -> None:
-        if self._open:
-            self._open.pop().__exit__(None, None, None)
+        self._depth = max(0, self._depth - 1)
 
     def __enter__(self) -> "SavedActivationBytes":
         for m in self.modules:
             self._handles.append(m.register_forward_pre_hook(self._enter))
             self._handles.append(m.register_forward_hook(self._leave))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
-        while self._open:   # a module that raised inside its forward
-            self._open.pop().__exit__(None, None, None)
+        self._depth = 0   # a module that raised inside its forward
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+            self._hooks = None
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """(the address, the bytes) of ``t``'s storage (a view shares its base's): what identifies
+    a saved tensor's memory. A DTensor's is its local shard's; a wrapper tensor with no
+    storage of its own (``AsyncCollectiveTensor``) counts as its own numel x element size."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    try:
+        storage = local.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return id(t), t.numel() * t.element_size()
