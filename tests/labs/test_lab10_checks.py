@@ -52,7 +52,7 @@ from perflab.course.checks import graded_functions, split_check
 ROOT = Path(__file__).resolve().parents[2]
 NB = Lab("10")
 GRADED_TESTED = ("check_tp_hand", "check_tp_dtensor", "check_two_d", "check_tp_block",
-                 "check_sp_hand", "check_sp_dtensor", "check_gpipe_hand",
+                 "check_sp_hand", "check_sp_memory", "check_sp_dtensor", "check_gpipe_hand",
                  "check_1f1b_hand", "check_pp_loss", "check_bubble",
                  "check_interleaved", "check_interleaved_formulas")
 SEEDS = [0, 1, "grade:ada"]
