@@ -448,7 +448,7 @@ def gpu_preset(name: str) -> GPUSpec:
         network=LinkSpec(net.alpha_s, 200e9 / 8, "alpha from " + net.source
                          + "; busbw 200 Gb/s per GPU (DGX A100 spec)"),
         matmul_efficiency=_FITTED[name][0], elementwise_passes=_FITTED[name][1],
-            sources=sources)
+        sources=sources)
 
 
 # --- model: parameters, FLOPs, activations ----------------------------------------------
