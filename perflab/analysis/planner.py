@@ -335,9 +335,9 @@ def link_from_nccl_table(name: str) -> LinkSpec:
     """Alpha and bus bandwidth of a shipped nccl-tests all-reduce table
     (``perflab/recordings/nccl/<name>.txt``, :func:`perflab.analysis.recordings.read_nccl_tests`).
 
-    Fits ``T(n) = alpha + n / algbw`` to every row (out-of-place time), each row weighted
-    by 1/T (relative errors, as :func:`perflab.analysis.collectives.fit_alpha_beta`: the
-    sizes span 9 decades), then ``busbw = algbw * 2(n-1)/n`` (nccl-tests' all-reduce
+    Fits ``T(n) = alpha + n / algbw`` to every row (out-of-place time) with
+    :func:`perflab.analysis.collectives.fit_alpha_beta` (rows weighted by 1/T: the sizes
+    span 9 decades), then ``busbw = algbw * 2(n-1)/n`` (nccl-tests' all-reduce
     factor for n ranks) and the latency per ring hop ``alpha / (2(n-1))``.
 
     Args:
@@ -349,20 +349,16 @@ def link_from_nccl_table(name: str) -> LinkSpec:
     Raises:
         ValueError: not a shipped table, or its rank count is unknown.
     """
-    import numpy as np
-
+    from perflab.analysis.collectives import fit_alpha_beta
     from perflab.analysis.recordings import read_nccl_tests
 
     table = read_nccl_tests(name)
     ranks = table.attrs["nranks"]
     if not ranks:
         raise ValueError(f"nccl-tests table {name!r} has no known rank count")
-    n = table["size_bytes"].to_numpy(float)
-    t = table["time_us"].to_numpy(float) * 1e-6
-    a = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
-    (alpha, inv_algbw), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    busbw = 2 * (ranks - 1) / ranks / inv_algbw
-    return LinkSpec(float(alpha) / (2 * (ranks - 1)), float(busbw),
+    fit = fit_alpha_beta(table["size_bytes"].to_numpy(float),
+                         table["time_us"].to_numpy(float) * 1e-6, world_size=ranks)
+    return LinkSpec(fit.alpha_hop_s, fit.busbw_bytes_per_s,
                     f"fit T = alpha + n/algbw (rows weighted 1/T) to nccl-tests all_reduce_perf "
                     f"perflab/recordings/nccl/{name}.txt ({ranks} ranks): alpha per ring hop = "
                     f"alpha / 2({ranks}-1), busbw = algbw * 2({ranks}-1)/{ranks}")
