@@ -210,15 +210,11 @@ def _hash(gram: list[str]) -> int:
                           "big")
 
 
-def _kgram_hashes(source: str, k: int) -> list[int]:
-    return list(_kgram_hashes_memo(source, k))
-
-
 # The same texts come back batch after batch in one process (perflab's ~1,000 library
 # functions, the labs' given cells): tokenizing them was 5 of the 6 s of a small batch's
 # grade command. Texts are hashed whole by the caches; the results are never mutated.
 @functools.lru_cache(maxsize=16384)
-def _kgram_hashes_memo(source: str, k: int) -> tuple[int, ...]:
+def _kgram_hashes(source: str, k: int) -> tuple[int, ...]:
     toks = tokens(source)
     return tuple(_hash(toks[i:i + k]) for i in range(len(toks) - k + 1))
 

@@ -253,11 +253,12 @@ def whole_at_tiny(nb: nbformat.NotebookNode, *, name: str = "notebook") -> Trimm
     cell after the panels whose sizes come from the preset, a batch of 1 that BatchNorm
     refuses or an empty sweep, once failed at ``tiny`` alone). Its hidden tests are
     cleared as ``perflab course build`` clears them for students: they draw their own
-    cases, whatever the preset, and nbval runs them. The panel cells are
-    :func:`trim_to_panels`' (the same cells, whole)."""
+    cases, whatever the preset, and nbval runs them. The panel cells are found by
+    :func:`trim_to_panels`' rule (:func:`is_panel_cell`), with no slice to compute."""
     from nbgrader.preprocessors import ClearHiddenTests
 
-    panels = trim_to_panels(nb, name=name).panel_cells
+    panels = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and is_panel_cell(
+        ast.parse(python_source(c.source), filename=f"{name} cell {i}"))]
     out, _ = ClearHiddenTests().preprocess(copy.deepcopy(nb), {})
     for c in out.cells:
         if c.cell_type == "code":
