@@ -3,8 +3,10 @@
 1, 2, 3, 4, 6 and 8 gloo ranks, weak and strong, on the 10gbe and 1gbe simulated links,
 with simulated compute (each rank sleeps its batch's forward+backward, measured once on
 one rank, and computes one sample so DDP all-reduces real gradients of the real sizes),
-and a 2-rank all-reduce sweep per link: perflab.labs.lab09.record_scaling. Written to
-perflab/recordings/<SCALING_RECORDING>. Takes about a minute on 2 cores.
+the real gloo all-reduce of one step's gradients (no link) at every rank count in the same
+launch, and a 2-rank all-reduce sweep per link: perflab.labs.lab09.record_scaling. Written
+to perflab/recordings/<SCALING_RECORDING>. Takes 2-3 minutes on 2 cores; record it on a
+quiet machine (the load average before and after is stored with it).
 
 Usage: python benchmarks/record_scaling.py [--out PATH] [--steps N]
 """

@@ -65,7 +65,8 @@ def plot_scaling(table: pd.DataFrame, *, title: str = "") -> InlineFigure:
 
 
 def plot_step_prediction(recorded: pd.DataFrame, model: pd.DataFrame, *, held_out: int,
-                         compute: str, title: str = "") -> InlineFigure:
+                         compute: str, title: str = "", second: pd.DataFrame | None = None,
+                         second_label: str = "second model") -> InlineFigure:
     """Step time (ms) against world_size, one colour per link: the recorded medians
     (filled circles: the points the model was fitted to; a hollow star: ``held_out``, the
     rank count it never saw), the fitted model (dashed line) and, at ``held_out``, the
@@ -79,12 +80,15 @@ def plot_step_prediction(recorded: pd.DataFrame, model: pd.DataFrame, *, held_ou
         model: columns ``link, world_size, model_ms`` (the model on a grid of rank counts).
         held_out: the rank count left out of the fit (a ``world_size`` of ``recorded``).
         compute: how the recorded compute was made, in a few words.
+        second: optionally a second model (same columns as ``model``), drawn dotted with
+            its own prediction and error at ``held_out``, named ``second_label``.
 
     Raises:
         ValueError: a column is missing, or ``held_out`` is not a recorded world_size.
     """
-    if not {"link", "world_size", "step_ms"} <= set(recorded.columns) or not {
-            "link", "world_size", "model_ms"} <= set(model.columns):
+    if not {"link", "world_size", "step_ms"} <= set(recorded.columns) or not all(
+            {"link", "world_size", "model_ms"} <= set(m.columns)
+            for m in (model, second) if m is not None):
         raise ValueError("recorded needs columns link, world_size, step_ms and model needs "
                          f"link, world_size, model_ms; got {list(recorded.columns)} and "
                          f"{list(model.columns)}")
@@ -102,16 +106,22 @@ def plot_step_prediction(recorded: pd.DataFrame, model: pd.DataFrame, *, held_ou
                 label=f"{link}: recorded" + (", fitted" if len(m) else " (fit failed: no model)"))
         ax.plot(held.world_size, held.step_ms, "*", ms=14, mfc="white", color=color,
                 label=f"{link}: recorded, held out")
-        if len(m):
-            ax.plot(m.world_size, m.model_ms, "--", color=color, label=f"{link}: model")
-            at = m[m.world_size == held_out]
+        lines = [(m, "--", "x", "model")]
+        if second is not None:
+            lines.append((second[second.link == link].sort_values("world_size"), ":", "+",
+                          second_label))
+        for j, (mm, style, marker, name) in enumerate(lines):
+            if not len(mm):
+                continue
+            ax.plot(mm.world_size, mm.model_ms, style, color=color, label=f"{link}: {name}")
+            at = mm[mm.world_size == held_out]
             if len(at) and len(held):
                 pred, got = float(at.model_ms.iloc[0]), float(held.step_ms.iloc[0])
-                ax.plot([held_out], [pred], "x", ms=10, mew=2, color=color)
-                ax.annotate(f"predicted {pred:.1f} ms, recorded {got:.1f} ms "
+                ax.plot([held_out], [pred], marker, ms=10, mew=2, color=color)
+                ax.annotate(f"{name}: predicted {pred:.1f} ms, recorded {got:.1f} ms "
                             f"({pred / got - 1:+.0%})", (held_out, pred),
-                            xytext=(-8, 10 + 14 * k), textcoords="offset points", ha="right",
-                            fontsize=8, color=color)
+                            xytext=(-8, 10 + 14 * (2 * k + j)), textcoords="offset points",
+                            ha="right", fontsize=8, color=color)
     ax.set_xlabel("world_size (ranks)")
     ax.set_ylabel("step time (ms), median")
     ax.set_xticks(sorted(set(recorded.world_size)))

@@ -382,9 +382,15 @@ def test_plot_step_prediction_marks_the_held_out_point():
     fig = plot_step_prediction(recorded, model, held_out=4, compute="simulated", title="t")
     ax = fig.axes[0]
     assert "compute: simulated" in ax.get_title() and "4 ranks held out" in ax.get_title()
-    assert [t.get_text() for t in ax.texts] == ["predicted 5.5 ms, recorded 6.0 ms (-8%)"]
+    assert [t.get_text() for t in ax.texts] == ["model: predicted 5.5 ms, recorded 6.0 ms (-8%)"]
     labels = ax.get_legend_handles_labels()[1]
     assert "b: recorded (fit failed: no model)" in labels and "a: model" in labels
+    second = pd.DataFrame({"link": ["b"] * 2, "world_size": [1, 4], "model_ms": [12.0, 9.0]})
+    ax = plot_step_prediction(recorded, model, held_out=4, compute="simulated", second=second,
+                              second_label="+ all-reduce").axes[0]
+    assert [t.get_text() for t in ax.texts] == ["model: predicted 5.5 ms, recorded 6.0 ms (-8%)",
+                                                "+ all-reduce: predicted 9.0 ms, recorded 8.0 ms (+12%)"]
+    assert "b: + all-reduce" in ax.get_legend_handles_labels()[1]
     with pytest.raises(ValueError, match="not a recorded world_size"):
         plot_step_prediction(recorded, model, held_out=8, compute="simulated")
     with pytest.raises(ValueError, match="recorded needs columns"):

@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from tests.conftest import slow
+from tests.labs import labcheck
 from tests.labs.labcheck import Lab, grade_wrong, hidden_configs, launch_tasks, notebook_points
 from perflab.course.checks import split_check
 from perflab.distributed import launch_fn
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "09_sharding_and_scaling.ipynb"
 NB = Lab("09")
 GRADED_TESTED = ("check_state_bytes", "check_zero1", "check_zero2", "check_fsdp2",
-                 "check_prefetch", "check_scaling_model", "check_predict_bytes",
+                 "check_prefetch", "check_scaling_model", "check_measured_model", "check_predict_bytes",
                  "check_error_feedback",
                  "check_my_fsdp")   # its wrong and honest answers: test_lab09_fsdp.py
 SEEDS = [0, 1, "grade:ada"]
@@ -277,28 +278,22 @@ def my_state_bytes(optimizer):
     assert not verdict.passed and helper in verdict.message, verdict
 
 
-# -- check_zero1: its live case (this notebook's launch, an extra case) on planted records here; ---
-# -- the hidden launch, which earns the points, with real student code in the slow tests below ---
+# -- check_zero1: its self-check on this notebook's launch (feedback, no points) on planted ------
+# -- records here; the hidden launch, which earns the points, with real student code below ------
 _stale = list(_REF)
 _stale[:512] = [v + 1e-3 for v in _stale[:512]]  # rank 1 never received rank 0's params
 _ALL = set(range(len(_NUMELS)))
 
 
-def _zero1_live_case(ns: dict) -> None:
-    """check_zero1's live case alone (case None: the notebook's launch records in ``ns``):
-    its student_answer here, its judge on the answers as JSON; raises AssertionError when
-    the judge rejects them."""
-    import json
-
-    scope = dict(ns)
-    NB.run_code(scope, split_check(NB.cells["check_zero1"]).graded.answer_source)
-    _, judge = graded_functions_of("check_zero1")
-    judge(None, json.loads(json.dumps(scope["student_answer"](None))))
+def _zero1_self_check(ns: dict) -> None:
+    """check_zero1's self-check (the student's feedback on the notebook's launch records in
+    ``ns``; grading never reads those records); raises AssertionError when it rejects them."""
+    NB.run_code(dict(ns), split_check(NB.cells["check_zero1"]).probe)
 
 
-def test_zero1_live_case_passes_balanced_records():
-    _zero1_live_case(_ns())
-    _zero1_live_case(_ns(owners=[set(range(8)), set(range(8, 16))]))   # another balanced split
+def test_zero1_self_check_passes_balanced_records():
+    _zero1_self_check(_ns())
+    _zero1_self_check(_ns(owners=[set(range(8)), set(range(8, 16))]))   # another balanced split
 
 
 @pytest.mark.parametrize("name, kw", [
@@ -310,23 +305,24 @@ def test_zero1_live_case_passes_balanced_records():
     ("no parameters", {"params": (None, None)}),
     ("one rank", {"owners": [_ALL], "params": (_REF,)}),
 ])
-def test_zero1_live_case_rejects_wrong_records(name, kw):
+def test_zero1_self_check_rejects_wrong_records(name, kw):
     with pytest.raises(AssertionError):
-        _zero1_live_case(_ns(**kw))
+        _zero1_self_check(_ns(**kw))
 
 
 def test_zero1_graded_part_launches_the_students_zero1():
     """The points come from a launch the graded call makes itself, of the student's
     MyZero1 on hidden configs (4 or 5 layers, no tensor over a quarter of the model, so
-    that an uneven split shows); the notebook's records are one extra case."""
+    that an uneven split shows); the notebook's own records are not graded (grading then
+    runs no lab launch)."""
     from perflab.course.cases import draw_cases
 
     graded = split_check(NB.cells["check_zero1"]).graded
     assert "launch_fn(tasks_rank, 2" in graded.answer_source
     cases_fn, _ = graded_functions_of("check_zero1")
     for seed in SEEDS:
-        none, hidden = draw_cases(cases_fn, seed)
-        assert none is None and len(hidden["configs"]) == 2
+        (hidden,) = draw_cases(cases_fn, seed)
+        assert len(hidden["configs"]) == 2
         for cfg in hidden["configs"]:
             numels = [p.numel() for p in mlp(cfg["sizes"]).parameters()]
             assert len(cfg["sizes"]) >= 5 and 4 * max(numels) <= sum(numels), cfg
@@ -343,9 +339,7 @@ def test_zero1_records_of_torchs_sharding_fail_naming_it(ranks_saw):
     name = next(n for seen in ranks_saw for n in seen)
     ns = _ns(delegated=ranks_saw)
     with pytest.raises(AssertionError, match=name.rsplit(".", 1)[1]):
-        NB.run_code(dict(ns), split_check(NB.cells["check_zero1"]).probe)
-    with pytest.raises(AssertionError, match=name.rsplit(".", 1)[1]):
-        _zero1_live_case(ns)
+        _zero1_self_check(ns)
 
 
 def test_zero_checks_forbid_torchs_sharding_on_the_ranks_and_in_the_text():
@@ -642,13 +636,12 @@ def test_wrong_student_code_fails_its_check(name, launched, monkeypatch):
 def test_wrong_zero1_with_planted_records_fails(name, launched, monkeypatch):
     """A wrong MyZero1 and an answer cell that assigns ``small2`` made up from the
     unsharded model (right parameters, balanced state, nothing of torch's sharding seen):
-    the self-check and the old graded part (the live case alone) pass on those records;
-    the hidden launch the graded call makes itself fails it, on its case."""
+    the self-check passes on those records; the hidden launch the graded call makes
+    itself fails it, on its case."""
     ns = _zero1_ns(launched, name, planted=True)
-    NB.run_code(dict(ns), split_check(NB.cells["check_zero1"]).probe)
-    _zero1_live_case(ns)
+    _zero1_self_check(ns)
     verdict = _judge_launched(monkeypatch, launched, ns, "check_zero1", ("code", name), 0)
-    assert not verdict.passed and verdict.message.startswith("hidden case 2/2"), verdict.message
+    assert not verdict.passed and verdict.message.startswith("hidden case 1/1"), verdict.message
 
 
 @slow
@@ -1460,6 +1453,96 @@ def test_the_recording_is_labelled_and_complete():
     for link in rec["links"]:   # an all-reduce sweep per link, for the alpha of Lab 06's fit
         sweep = rec["sweeps"][link]
         assert sweep["world_size"] == 2 and len(sweep["size_bytes"]) == len(sweep["time_min_s"]) >= 4
+    # issue 46: the real all-reduce of one step's gradients at every rank count, no link
+    # (Exercise 5.3's missing term), and the cores the model shares the real work over
+    ar = rec["allreduce"]
+    assert ar["world_size"] == [1, 2, 3, 4, 6, 8] and sum(ar["bucket_bytes"]) == rec["param_bytes"]
+    assert all(len(t) >= 8 and min(t) > 0 for t in ar["step_s"]) and "no simulated link" in ar["what"]
+    assert rec["cores"] == cores
+
+
+# -- check_measured_model: the later of link and all-reduce, the refit with the cores --------------
+def _measured_ns(code: str | None = None) -> dict:
+    import numpy as np
+
+    ns = {"__name__": "__main__", "np": np}
+    NB.run_code(ns, code if code is not None else NB.solution("measured_model"))
+    return ns
+
+
+# Written as a student who never saw the reference would: np.maximum, the normal equations
+# solved by hand (Cramer's rule), a loop over the points
+_HONEST_MEASURED = '''
+def step_comm_s(n, message_bytes, alpha_s, s_per_byte, allreduce_s):
+    hops = 2 * (n - 1)
+    link = hops * alpha_s + hops / n * message_bytes * s_per_byte
+    return float(np.maximum(link, allreduce_s))
+
+
+def fit_measured_model(world_sizes, step_s, comm_s, cores):
+    saa = sab = sbb = say = sby = 0.0
+    for n, t, c in zip(world_sizes, step_s, comm_s):
+        a, b, y = 1.0 / n, max(1.0, n / cores), t - c
+        saa, sab, sbb, say, sby = saa + a * a, sab + a * b, sbb + b * b, say + a * y, sby + b * y
+    det = saa * sbb - sab * sab
+    return {"compute_s": (say * sbb - sab * sby) / det, "fixed_s": (saa * sby - sab * say) / det}
+'''
+WRONG_MEASURED = {
+    # the link and the all-reduce added, not the later of the two
+    "sum, not max": ("return max(ring, allreduce_s)", "return ring + allreduce_s"),
+    "min, not max": ("return max(ring, allreduce_s)", "return min(ring, allreduce_s)"),
+    # the real work as if every rank had a core of its own
+    "no cores": ("np.maximum(1, n / cores)", "np.ones_like(n)"),
+    # one hop too few on the ring
+    "hops off by one": ("ring = 2 * (n - 1) * alpha_s", "ring = (2 * n - 3) * alpha_s"),
+}
+
+
+@pytest.mark.parametrize("seed", labcheck.REFERENCE_SEEDS)
+def test_measured_model_reference_passes(seed):
+    verdict = NB.judge(_measured_ns(), "check_measured_model", seed=seed)
+    assert verdict.passed, verdict.message
+
+
+def test_measured_model_honest_variant_passes():
+    for seed in (0, "grade:bo"):
+        verdict = NB.judge(_measured_ns(_HONEST_MEASURED), "check_measured_model", seed=seed)
+        assert verdict.passed, (seed, verdict.message)
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_MEASURED))
+def test_wrong_measured_model_fails(name):
+    old, new = WRONG_MEASURED[name]
+    code = NB.solution("measured_model")
+    assert old in code, old
+    _fails_on_a_hidden_case(NB.judge(_measured_ns(code.replace(old, new)), "check_measured_model"))
+
+
+def test_measured_model_shrinks_the_residual_on_the_shipped_recording():
+    """What the lab states from the recording, held here: with the measured all-reduce and
+    the shared cores the fit's compute is near the slept one and the held-out error is
+    smaller than the link model's (or the link model's fit failed)."""
+    import numpy as np
+
+    from perflab.analysis.collectives import fit_alpha_beta
+    from perflab.labs.lab09 import load_scaling_recording
+
+    rec, ns = load_scaling_recording(), _measured_ns()
+    runs = {(r["mode"], r["link"], r["world_size"]): r for r in rec["runs"]}
+    ar = {w: float(np.median(t)) for w, t in zip(rec["allreduce"]["world_size"], rec["allreduce"]["step_s"])}
+    ws = sorted(ar)
+    fit_ws, held = ws[:-1], ws[-1]
+    slept = rec["compute_s_per_sample"] * runs["strong", "10gbe", 1]["global_batch"]
+    for link in rec["links"]:
+        sw = rec["sweeps"][link]
+        ab = fit_alpha_beta(sw["size_bytes"], sw["time_min_s"], world_size=sw["world_size"])
+        comm = {n: ns["step_comm_s"](n, rec["param_bytes"], ab.alpha_hop_s, 1 / ab.busbw_bytes_per_s, ar[n])
+                for n in ws}
+        med = {n: float(np.median(runs["strong", link, n]["step_s"])) for n in ws}
+        fit = ns["fit_measured_model"](fit_ws, [med[n] for n in fit_ws], [comm[n] for n in fit_ws], rec["cores"])
+        assert 0.7 < fit["compute_s"] / slept < 1.3, (link, fit, slept)
+        predicted = fit["compute_s"] / held + fit["fixed_s"] * max(1, held / rec["cores"]) + comm[held]
+        assert abs(predicted / med[held] - 1) < 0.25, (link, predicted, med[held])
 
 
 def test_scaling_written_answer_is_a_rubric():
@@ -1606,18 +1689,16 @@ def test_prefetch_self_check_catches_the_wrong_variants(prefetch_launched):
                         probe)
 
 
-def test_prefetch_judge_needs_both_ranks_and_the_labs_configs():
-    """Short or foreign records fail: one rank only, or the lab's configs changed."""
+def test_prefetch_judge_needs_both_ranks_and_every_config():
+    """Short records fail: empty orders, one rank only, a config missing."""
     import json
 
     cases_fn, judge = graded_functions_of("check_prefetch")
-    good = {"configs": _PREFETCH_LAB, "ranks": [[{"forward": [], "backward": [], "async_ops": []}] * 2] * 2}
-    with pytest.raises(AssertionError):
-        judge(None, json.loads(json.dumps(good)))   # empty orders
-    with pytest.raises(AssertionError):
-        judge(None, json.loads(json.dumps({**good, "ranks": good["ranks"][:1]})))
-    with pytest.raises(AssertionError):
-        judge(None, json.loads(json.dumps({**good, "configs": [{**c, "sizes": [32] * 3} for c in _PREFETCH_LAB]})))
+    case = {"configs": _PREFETCH_LAB}
+    ranks = [[{"forward": [], "backward": [], "async_ops": []}] * 2] * 2
+    for got in (ranks, ranks[:1], [r[:1] for r in ranks]):
+        with pytest.raises(AssertionError):
+            judge(case, json.loads(json.dumps(got)))
 
 
 def graded_functions_of(gid: str):

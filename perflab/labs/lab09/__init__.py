@@ -49,7 +49,7 @@ from perflab.labs.lab09.watch import ZERO_FORBIDDEN, _watch_student
 
 __all__ = ["sharding_rank", "SHARDING_METHODS", "ZERO_FORBIDDEN", "fsdp2_rank",
            "held_gradient_bytes", "held_gradient_parts",
-           "tasks_rank", "record_scaling", "load_scaling_recording", "SCALING_RECORDING"]
+           "tasks_rank", "record_scaling", "allreduce_by_world_size_rank", "load_scaling_recording", "SCALING_RECORDING"]
 
 #: The shipped recording of 1- to 8-rank weak and strong scaling runs with simulated
 #: compute, and an all-reduce sweep per link (perflab/recordings/, written by
@@ -386,6 +386,50 @@ def tasks_rank(tasks: Sequence[tuple[str, tuple, dict]]) -> list[Any]:
     return out
 
 
+def allreduce_by_world_size_rank(world_sizes: Sequence[int], sizes: Sequence[int], repeats: int,
+                                 warmup: int, seed: int = 0) -> list[Any]:
+    """Rank body: the real all-reduce of one step's DDP gradient buckets, with no link,
+    timed on the first ``w`` ranks for each ``w`` in ``world_sizes`` (one launch of
+    ``max(world_sizes)`` ranks; the other ranks wait at a barrier).
+
+    The buckets are those DDP builds for :func:`perflab.models.mlp` ``(sizes)`` (read with
+    :func:`perflab.distributed.ddp.ddp_buckets` after one backward), all-reduced as DDP
+    issues them with :func:`perflab.distributed.ddp.timed_allreduce_buckets` (``link=None``).
+
+    Returns:
+        ``[bucket_bytes, times]``: DDP's bucket sizes in bytes, and per world size this
+        rank's ``repeats`` times in seconds (after ``warmup``), or None on a rank outside
+        the first ``w``.
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from perflab.distributed.ddp import ddp_buckets, timed_allreduce_buckets
+
+    ddp = DDP(mlp(sizes, seed))
+    for x, y in mlp_batches(sizes, 2, 2, dist.get_rank(), seed):  # DDP rebuilds its buckets after step 1
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    buckets = [b["nbytes"] for b in ddp_buckets(ddp)]
+    times: list[list[float] | None] = []
+    for w in world_sizes:
+        group = dist.new_group(list(range(w))) if w < dist.get_world_size() else None  # all ranks call
+        mine = None
+        if dist.get_rank() < w:
+            mine = [timed_allreduce_buckets(buckets, group=group)
+                    for _ in range(warmup + repeats)][warmup:]
+        times.append(mine)
+        dist.barrier()
+    return [buckets, times]
+
+
+def _scaling_recording_rank(cfgs: Sequence[dict[str, Any]], sizes: Sequence[int], seed: int,
+                            world_sizes: Sequence[int], repeats: int) -> list[Any]:
+    """Rank body of :func:`record_scaling`: the scaling runs, then the real all-reduce at
+    every world size (:func:`allreduce_by_world_size_rank`), in one launch."""
+    return [scaling_rank(cfgs, sizes, seed),
+            allreduce_by_world_size_rank(world_sizes, sizes, repeats, 3, seed)]
+
+
 def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
                    compute_s_per_sample: float | None = None) -> dict[str, Any]:
     """Record weak and strong scaling step times at 1, 2, 3, 4, 6 and 8 gloo ranks on the
@@ -408,12 +452,17 @@ def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
     that other work on a shared machine adds to the median).
 
     The JSON: ``{"source", "machine", "load_average" (``os.getloadavg()`` before and
-    after: other work on the machine), "compute" (what was simulated, in words),
+    after: other work on the machine), "cores" (this machine's usable cores, counted from
+    the CPU affinity mask), "compute" (what was simulated, in words),
     "compute_s_per_sample", "sizes", "param_bytes", "links": {name: {"alpha_s",
     "beta_bytes_per_s"}}, "link_model", "sweeps": {name: {"world_size", "size_bytes",
     "time_min_s", "time_median_s"}}, "runs": [{"mode", "link", "world_size", "global_batch", "compute"
     ("simulated"), "oversubscribed" (more ranks than this machine's cores), "step_s":
-    [slowest rank's step, s]}]}``.
+    [slowest rank's step, s]}], "allreduce": {"world_size": [...], "bucket_bytes": [DDP's
+    buckets], "step_s": [[slowest rank's seconds per repeat] per world size], "what"}}``.
+    The last is the real gloo all-reduce of one step's gradients at every world size with
+    no link (:func:`allreduce_by_world_size_rank`, in the same launch): the collective cost
+    on this machine that the link model leaves out.
 
     Returns:
         The recording (the dict written).
@@ -440,8 +489,12 @@ def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
     cfgs = [c for w in world_sizes for c in scaling_configs(
         w, links=links, per_rank_batch=per_rank_batch, global_batch=global_batch,
         steps=steps, warmup=3, compute_s_per_sample=compute_s_per_sample)]
-    ranks = launch_fn(scaling_rank, max(world_sizes), args=(cfgs, sizes, seed), device="cpu",
-                      timeout_s=900)
+    launched = launch_fn(_scaling_recording_rank, max(world_sizes),
+                         args=(cfgs, sizes, seed, world_sizes, steps), device="cpu", timeout_s=900)
+    ranks = [r[0] for r in launched]
+    allreduce = {"world_size": list(world_sizes), "bucket_bytes": launched[0][1][0], "step_s": [
+        [max(launched[r][1][1][i][k] for r in range(w)) for k in range(steps)]  # slowest rank
+        for i, w in enumerate(world_sizes)]}
     runs = []
     for i, cfg in enumerate(ranks[0]):
         w = cfg["world_size"]
@@ -469,14 +522,21 @@ def record_scaling(path: str, *, steps: int = 30, seed: int = 0,
                        "link; the SGD step is real. The real gloo all-reduces of up to 8 "
                        "processes still share the machine's cores (each ring hop waits for "
                        "its process to be scheduled)"),
-           "compute_s_per_sample": compute_s_per_sample, "sizes": sizes,
+           "cores": cores, "compute_s_per_sample": compute_s_per_sample, "sizes": sizes,
            "param_bytes": 4 * sum(p.numel() for p in mlp(sizes).parameters()),
            "links": {lk.name: {"alpha_s": lk.alpha_s, "beta_bytes_per_s": lk.beta_bytes_per_s}
                      for lk in links},
            "link_model": "ring all-reduce on p ranks: 2(p-1) alpha + 2(p-1)/p n / beta "
                          "(perflab.core.simulated.LinkModel), completed no earlier than the "
                          "real gloo all-reduce",
-           "sweeps": sweeps, "runs": runs}
+           "sweeps": sweeps,
+           "allreduce": {**allreduce, "what": (
+               "the real gloo all-reduce of one step's DDP gradient buckets (bucket_bytes, in "
+               f"DDP's order), no simulated link, on the first world_size ranks of the same "
+               f"{max(world_sizes)}-rank launch, {steps} repeats after 3 warm-ups; step_s: per "
+               "repeat, the slowest rank's seconds (perflab.distributed.ddp."
+               "timed_allreduce_buckets)")},
+           "runs": runs}
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
