@@ -19,7 +19,9 @@ repository's ``make setup`` does, for a student:
 
 3. perflab itself (``pip install -e .``, torch held at the version now installed, so the
    range ``torch>=2.4`` cannot pull another build); with uv (installed beside the torch
-   this script installs), as ``make setup`` does: it installs the packages in parallel;
+   this script installs), as ``make setup`` does: it installs the packages in parallel.
+   On Linux also the ``kernels`` extra (Triton, about 1 GB, for Lab 11's kernels; Triton
+   ships wheels for Linux only: elsewhere Lab 11's Triton cells say why they skip);
 4. the lab dataset (``perflab data``) and the Jupyter kernel ``perflab``
    (``perflab kernel install``).
 
@@ -28,7 +30,8 @@ Each step says what it runs. Exit status 0 when the release is ready to open
 
 Options: ``--venv PATH`` (default ``.venv`` beside this file), ``--python EXE`` (the
 interpreter that makes the environment; default the one running this file),
-``--skip-data`` (build the dataset later with ``perflab data``).
+``--skip-data`` (build the dataset later with ``perflab data``), ``--no-kernels`` (no
+Triton: Lab 11's PyTorch parts still run).
 """
 from __future__ import annotations
 
@@ -137,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, default=here / ".venv")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--skip-data", action="store_true")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="skip Triton (Lab 11's kernels; Linux only, about 1 GB)")
     args = parser.parse_args(argv)
     if not (here / "pyproject.toml").is_file():
         say(f"no pyproject.toml beside {Path(__file__).name}: run this file from the "
@@ -179,17 +184,21 @@ def main(argv: list[str] | None = None) -> int:
         say(f"note: {len(cuda)} CUDA package(s) are installed on a machine with no "
             f"NVIDIA GPU ({', '.join(cuda[:3])}...): they are unused")
 
-    say("3/4 perflab and what the labs use (torch held at " + version + ")")
+    kernels = platform.system() == "Linux" and not args.no_kernels
+    target = str(here) + ("[kernels]" if kernels else "")
+    say("3/4 perflab and what the labs use (torch held at " + version + ")" + (
+        "; Triton for Lab 11 (--no-kernels skips it)" if kernels else
+        "; no Triton (Lab 11's Triton cells will say why they skip)"))
     constraint = venv / "torch-constraint.txt"
     held = ["-c", str(constraint)] if inside == "True" else []
     if held:
         constraint.write_text(f"torch=={version}\n")
     uv = venv / ("Scripts/uv.exe" if os.name == "nt" else "bin/uv")
     if held and uv.exists():  # uv sees only the venv: with a torch outside it, pip
-        run([str(uv), "pip", "install", "--python", str(py), *held, "-e", str(here)],
+        run([str(uv), "pip", "install", "--python", str(py), *held, "-e", target],
             "installing perflab")
     else:
-        run([str(py), "-m", "pip", "install", "--no-compile", *held, "-e", str(here)],
+        run([str(py), "-m", "pip", "install", "--no-compile", *held, "-e", target],
             "installing perflab")
 
     perflab = venv / ("Scripts/perflab.exe" if os.name == "nt" else "bin/perflab")
