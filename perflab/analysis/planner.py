@@ -61,7 +61,8 @@ __all__ = [
     "layer_parameters", "parameter_count", "activation_bytes_per_layer",
     "inflight_microbatches", "bubble_fraction", "forward_flops_per_token",
     "model_flops_per_step", "hardware_flops_per_step", "narayanan_eq3_flops",
-    "collective_time_s", "tp_collectives_per_layer", "MemoryBreakdown", "StepTimeBreakdown",
+    "collective_time_s", "tp_collectives_per_layer", "stage_params_per_gpu", "comm_buffer_bytes",
+    "MemoryBreakdown", "StepTimeBreakdown",
     "LayoutPlan", "memory_per_gpu", "step_time", "evaluate_layout", "check_layout_fields",
     "candidate_layouts", "plan",
 ]
@@ -758,6 +759,20 @@ class StepTimeBreakdown:
                 "step": self.step_s}
 
 
+def stage_params_per_gpu(model: TransformerShape, layout: Layout) -> tuple[float, float]:
+    """Parameters one GPU holds on the first and on the last pipeline stage, before ZeRO
+    divides anything: ``(first, last)`` (equal when pp = 1).
+
+    Each stage has L/pp layers of :func:`layer_parameters`, split over tp; the first stage
+    adds the word embedding (V*h/tp) and the learned position embedding (s*h, replicated);
+    the last the final LayerNorm (2h) and, when pp > 1, its own copy of the output layer
+    (V*h/tp, the embedding's tied weights: Megatron-LM keeps one on each end and
+    all-reduces their gradients). Narayanan et al. 2021 Sec. 5.1 counts the same
+    parameters for the whole model.
+    """
+    return _stage_params(model, layout)
+
+
 def _stage_params(model: TransformerShape, layout: Layout) -> tuple[float, float]:
     """Parameters held by one GPU of the first and of the last stage."""
     h, t = model.hidden, layout.tp
@@ -770,6 +785,26 @@ def _stage_params(model: TransformerShape, layout: Layout) -> tuple[float, float
 
 def _num_microbatches(layout: Layout, global_batch: int) -> int:
     return global_batch // (layout.dp * layout.micro_batch)
+
+
+def comm_buffer_bytes(model: TransformerShape, layout: Layout) -> float:
+    """Communication buffers per GPU (bytes): with tp > 1 a gathered input and an output
+    to reduce (2 x 2bsh, s the GPU's share s/cp); with pp > 1 send and receive buffers,
+    forward and backward (4 x 2bsh/t); with more than one dp x cp rank two of PyTorch
+    DDP's 25 MiB gradient buckets, or with ZeRO-3 the current and the prefetched layer's
+    gathered parameters and their gradients (2 x (2 + 2) x layer parameters / t)."""
+    t, b, h = layout.tp, layout.micro_batch, model.hidden
+    s = model.seq_len / layout.cp
+    buffers = 0.0
+    if t > 1:
+        buffers += 2 * ACT_BYTES * s * b * h           # gathered input, output to reduce
+    if layout.pp > 1:
+        buffers += 4 * ACT_BYTES * s * b * h / t       # send/receive, forward and backward
+    if layout.dp * layout.cp > 1:
+        # ZeRO-3: the current and the prefetched layer, gathered, with their gradients
+        buffers += (2 * (PARAM_BYTES + GRAD_BYTES) * _layer_params(model) / t
+                    if layout.zero == 3 else 2 * DP_BUCKET_BYTES)
+    return buffers
 
 
 def memory_per_gpu(model: TransformerShape, layout: Layout, gpu: GPUSpec,
@@ -799,15 +834,7 @@ def memory_per_gpu(model: TransformerShape, layout: Layout, gpu: GPUSpec,
     layers_per_stage = model.layers / p
     s, b, h = model.seq_len / layout.cp, layout.micro_batch, model.hidden
     split = t if layout.sp else 1
-    buffers = 0.0
-    if t > 1:
-        buffers += 2 * ACT_BYTES * s * b * h           # gathered input, output to reduce
-    if p > 1:
-        buffers += 4 * ACT_BYTES * s * b * h / t       # send/receive, forward and backward
-    if shard > 1:
-        # ZeRO-3: the current and the prefetched layer, gathered, with their gradients
-        buffers += (2 * (PARAM_BYTES + GRAD_BYTES) * _layer_params(model) / t
-                    if layout.zero == 3 else 2 * DP_BUCKET_BYTES)
+    buffers = comm_buffer_bytes(model, layout)
     candidates = []
     for stage, psi in zip(("first", "last"), _stage_params(model, layout)):
         index = 0 if stage == "first" else p - 1

@@ -77,6 +77,13 @@ LABS: tuple[Lab, ...] = (
         "torch's interleaved 1F1B) across ranks, and what does each cost in collectives, "
         "bytes, messages, activation memory and idle time?",
         "10_tensor_and_pipeline_parallelism.ipynb"),
+    Lab("11", "Kernels", "Why does fusion pay, and how do online softmax and FlashAttention-2 "
+        "(your own, in PyTorch tiles and in Triton) and ring attention compute attention "
+        "without the T x T matrix?", "11_kernels.ipynb"),
+    Lab("12", "Plan the cluster", "Which data, tensor and pipeline layout, micro-batch, ZeRO "
+        "stage, sequence parallelism and recomputation should a model use on a GPU cluster, "
+        "from memory and step-time models checked against published runs?",
+        "12_plan_the_cluster.ipynb"),
 )
 
 
@@ -184,6 +191,8 @@ def lab_capabilities(device: str = "auto", roofline: Any = None) -> list[dict[st
               + (" (oversubscribed beyond that)" if cores < 4 else ""),
         "10": f"tensor, pipeline and 2-D parallelism on gloo; 4 ranks on {cores} core(s)"
               + (" (oversubscribed)" if cores < 4 else ""),
+        "11": _kernels_note(dev, cores),
+        "12": "the cluster is modelled from published figures; nothing is launched here",
     }
     root = source_checkout_root()
     rows = []
@@ -194,3 +203,17 @@ def lab_capabilities(device: str = "auto", roofline: Any = None) -> list[dict[st
                      "status": "ready" if ready else "no notebook here",
                      "note": notes[lab.number]})
     return rows
+
+
+def _kernels_note(dev, cores: int) -> str:
+    """Lab 11's row: whether Triton imports here, and where its kernels run."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        triton = "triton not installed (Linux only: pip install 'perflab[kernels]'); the PyTorch parts run"
+    elif dev.type == "cuda":
+        triton = "Triton kernels compiled for this GPU"
+    else:
+        triton = "Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1: checks numerics, not speed)"
+    return f"{triton}; ring attention on 2 and 4 gloo ranks on {cores} core(s)" + (
+        " (oversubscribed at 4)" if cores < 4 else "")

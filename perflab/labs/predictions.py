@@ -169,8 +169,8 @@ class Predictions:
         at = self._data["measured"].get(name)
         return datetime.fromisoformat(at) if at else None
 
-    def beside(self, name: str, measured: Any, *, fmt: str = "{:.3g}", unit: str | None = None
-               ) -> str:
+    def beside(self, name: str, measured: Any, *, fmt: str = "{:.3g}", unit: str | None = None,
+               source: str = "measured") -> str:
         """One line: the prediction ``name`` beside the ``measured`` value, with the times.
 
         The first call for ``name`` stamps the measurement's time (kept in the file, so
@@ -182,6 +182,9 @@ class Predictions:
             measured: the value this run measured (a number, or a string).
             fmt: format of numbers, e.g. ``"{:.2f}"``.
             unit: the unit printed after both values (default: the prediction's unit).
+            source: the word for where ``measured`` came from, printed before it:
+                "measured" (this run measured it), or e.g. "modelled" or "fitted" for a
+                value a model computed (Lab 12 measures nothing).
 
         Returns:
             The line, e.g. ``"predicted 0.6x (recorded 15:42:01 UTC, before the
@@ -196,18 +199,19 @@ class Predictions:
         shown = _show(measured, u, fmt)
         if p is None:
             return (f"no prediction was recorded for {name} (its PREDICT cell was left "
-                    f"unanswered); measured {shown}")
+                    f"unanswered); {source} {shown}")
         in_time = p.history[0][1] <= t and not p.changed_after(t)
         first_at = next(at for v, at in p.history if json.dumps(v) == json.dumps(p.value))
         when = "before" if in_time else "AFTER"
+        event = "measurement" if source == "measured" else "result"
         line = (f"predicted {_show(p.value, u, fmt)} (recorded {_clock(first_at if in_time else p.at)}, {when} the "
-                f"measurement at {_clock(t)}); measured {shown}")
+                f"{event} at {_clock(t)}); {source} {shown}")
         if p.changed_after(t):
             first = [v for v, at in p.history if at <= t][-1]
-            line += (f"; the prediction was changed after the measurement (it was "
+            line += (f"; the prediction was changed after the {event} (it was "
                      f"{_show(first, u, fmt)})")
         elif p.history and p.history[0][1] > t:
-            line += "; no prediction existed before the measurement"
+            line += f"; no prediction existed before the {event}"
         return line
 
 

@@ -3,5 +3,7 @@
 :mod:`~perflab.viz.figures` makes a matplotlib figure that shows inline without pyplot's
 global state (nbval-stable PNGs); :mod:`~perflab.viz.plots` draws runs and their phases,
 :mod:`~perflab.viz.rank_plots` per-rank timelines, :mod:`~perflab.viz.scaling_plots`
-scaling curves and per-rank state bytes. Imports only :mod:`perflab.core`.
+scaling curves and per-rank state bytes, :mod:`~perflab.viz.plan_plots` a layout's memory
+and step time as stacked bars and predicted against published throughput. Imports only
+:mod:`perflab.core`.
 """

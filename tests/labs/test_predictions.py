@@ -175,3 +175,13 @@ def test_integers_print_in_full(tmp_path, capsys):
     p = Predictions("05", folder=tmp_path)
     p.record("break_even", 2000, unit=" steps")
     assert "break_even = 2,000 steps" in capsys.readouterr().out
+
+
+def test_a_modelled_value_is_not_called_measured(tmp_path):
+    """Lab 12 measures nothing: its predictions sit beside a model's result, named so."""
+    p = Predictions("12", folder=tmp_path)
+    p.record("tp_share", 0.2)
+    line = p.beside("tp_share", 0.31, fmt="{:.2f}", source="modelled")
+    assert "before the result at" in line and line.endswith("modelled 0.31")
+    assert "measure" not in line
+    assert p.beside("unanswered", 1.5, source="fitted").endswith("fitted 1.5")
