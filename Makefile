@@ -28,12 +28,12 @@ $(VENV)/.perflab-installed: pyproject.toml
 			mine = torch.__file__.startswith(sys.prefix); \
 			mine and print(f'torch=={torch.__version__}'); sys.exit(not mine)" \
 			> $(VENV)/torch-constraint.txt; then \
-		echo "$(VENV)/bin/uv pip install -e .[dev,course,browser] (torch held)"; \
+		echo "$(VENV)/bin/uv pip install -e .[dev,course,browser,kernels] (torch held)"; \
 		$(VENV)/bin/uv pip install --python $(PY) --compile-bytecode \
-			--constraint $(VENV)/torch-constraint.txt -e ".[dev,course,browser]"; \
+			--constraint $(VENV)/torch-constraint.txt -e ".[dev,course,browser,kernels]"; \
 	else \
-		echo "$(PY) -m pip install -e .[dev,course,browser]"; \
-		$(PY) -m pip install -e ".[dev,course,browser]"; \
+		echo "$(PY) -m pip install -e .[dev,course,browser,kernels]"; \
+		$(PY) -m pip install -e ".[dev,course,browser,kernels]"; \
 	fi
 	$(VENV)/bin/perflab kernel install
 	touch $@
@@ -158,7 +158,8 @@ wheel-smoke: setup
 # environment, timed; then checks that torch imports at the tested version (when the
 # machine had none), no nvidia-* (CUDA) package was installed on a machine without an
 # NVIDIA GPU, perflab imports from the release, the dataset and the Jupyter kernel are
-# there, and `perflab doctor` runs. CI runs it beside the wheel smoke.
+# there, Triton imports on Linux (Lab 11), and `perflab doctor` runs. CI runs it beside the
+# wheel smoke.
 release-smoke: setup
 	@set -eu; dir=$$(mktemp -d "$${TMPDIR:-/tmp}/perflab-release-smoke.XXXXXX"); \
 	trap 'rm -rf "$$dir"' EXIT; \
@@ -180,6 +181,8 @@ release-smoke: setup
 		echo "CUDA packages installed on a machine without an NVIDIA GPU:"; echo "$$cuda"; exit 1; fi; \
 	test -f "$$dir/jupyter/kernels/perflab/kernel.json"; \
 	test -n "$$(ls "$$dir/data")"; \
+	if [ "$$(uname -s)" = Linux ]; then .venv/bin/python -c "import triton" \
+		|| { echo "install.py did not install Triton (Lab 11) on Linux"; exit 1; }; fi; \
 	.venv/bin/perflab doctor > "$$dir/doctor.log" 2>&1 || { tail -30 "$$dir/doctor.log"; exit 1; }; \
 	echo "== release smoke passed: python3 install.py took $$took s"
 

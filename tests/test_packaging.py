@@ -133,6 +133,6 @@ def test_python_m_perflab_version(tmp_path):
 
 def test_make_setup_installs_the_course_extra_and_the_kernel():
     makefile = (ROOT / "Makefile").read_text()
-    assert 'pip install -e ".[dev,course,browser]"' in makefile
+    assert 'pip install -e ".[dev,course,browser,kernels]"' in makefile   # Triton: Lab 11
     assert "perflab kernel install" in makefile
     assert "wheel-smoke:" in makefile and "make wheel-smoke" in (ROOT / ".ci/run").read_text()

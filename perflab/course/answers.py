@@ -32,8 +32,10 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import io
 import re
 import sys
+import tokenize
 
 import nbformat
 
@@ -42,7 +44,7 @@ from perflab.course.checks import (CheckCell, graded_functions, graded_probe, pa
                                    probe_source, split_check)
 
 __all__ = ["SKIP_TAG", "COURSE_ALLOW", "Flag", "Assembled", "solution_ids", "answers_of",
-           "scan_answer", "assemble", "allowances"]
+           "scan_answer", "scan_forbidden", "assemble", "allowances", "forbidden_names"]
 
 #: Cells with this tag do not run in grading (experiment panels, sweeps, long
 #: measurements): no graded answer may need what they compute.
@@ -727,6 +729,44 @@ def assemble(reference: nbformat.NotebookNode, answers: dict[str, str], *,
     nb.metadata["kernelspec"] = copy.deepcopy(reference.metadata.get(
         "kernelspec", {"name": "python3", "language": "python", "display_name": "Python 3"}))
     return Assembled(nb, checks, points, after, skipped, drawn, judges)
+
+
+def forbidden_names(reference: nbformat.NotebookNode) -> dict[str, tuple[str, ...]]:
+    """``answer grade_id -> names`` an exercise forbids its answer to use, from the solution
+    cell's metadata ``["perflab"]["forbid"]`` (Lab 11: the attention kernels PyTorch ships,
+    ``scaled_dot_product_attention``, ``_flash_attention_*``...), for :func:`scan_forbidden`."""
+    return {_nbg(c)["grade_id"]: tuple(c.metadata.get("perflab", {}).get("forbid", []))
+            for c in reference.cells if _nbg(c).get("solution") and _nbg(c).get("grade_id")
+            and c.metadata.get("perflab", {}).get("forbid")}
+
+
+def scan_forbidden(grade_id: str, source: str, forbid: tuple[str, ...] | list[str]) -> list[Flag]:
+    """Flag each line of an answer (``%%writefile`` bodies included) that names what the
+    exercise forbids: ``forbid`` holds names, a trailing ``*`` a prefix
+    (``_scaled_dot_product_*``); a name counts as a whole word anywhere on the line (a
+    call, an attribute, an import, a string such as ``torch.ops.aten`` lookups build).
+    Key: ``forbidden <name>``. Like :func:`scan_answer`, a review finding for the
+    instructor; the verdict comes from the run, where the grading process makes the
+    forbidden functions absent."""
+    if not forbid:
+        return []
+    patterns = [(name, re.compile(r"(?<![\w])" + re.escape(name.rstrip("*"))
+                                  + (r"\w*" if name.endswith("*") else r"(?![\w])")))
+                for name in forbid]
+    code = _cell(source).python
+    lines = code.splitlines()
+    try:   # each line's code without its comment (an honest "# not F.scaled_dot_product_attention")
+        by_line: dict[int, list[str]] = {}
+        for t in tokenize.generate_tokens(io.StringIO(code).readline):
+            if t.type in (tokenize.NAME, tokenize.STRING, tokenize.OP, tokenize.NUMBER):
+                by_line.setdefault(t.start[0], []).append(t.string)
+        words = [(ln, re.sub(r"\s*\.\s*", ".", " ".join(toks))) for ln, toks in by_line.items()]
+    except (tokenize.TokenError, SyntaxError):
+        words = list(enumerate(lines, start=1))
+    found = sorted({(ln, name) for ln, text in words for name, pat in patterns if pat.search(text)})
+    return [Flag(grade_id, ln, f"forbidden {name}",
+                 lines[ln - 1].strip()[:120] if 0 < ln <= len(lines) else "")
+            for ln, name in found]
 
 
 def allowances(reference: nbformat.NotebookNode) -> dict[str, tuple[str, ...]]:

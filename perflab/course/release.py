@@ -61,6 +61,10 @@ MIN_LEAK_CHARS = 26
 #: configuration, which names the tests, the solutions and a grader plugin.
 DROPPED_TABLES = ("project.optional-dependencies", "tool.pytest")
 
+#: The extras a release keeps (its ``[project.optional-dependencies]`` holds only these):
+#: ``kernels`` (Triton, Lab 11), which ``install.py`` installs on Linux.
+STUDENT_EXTRAS = ("kernels",)
+
 #: Why each top-level entry of the repository that a release leaves out stays behind.
 WHY_LEFT_OUT = {
     "solutions": "the reference solutions, hidden tests and rubrics",
@@ -154,8 +158,11 @@ def _package_files(package: Path) -> tuple[list[Path], list[str]]:
 
 def student_pyproject(text: str) -> str:
     """``pyproject.toml`` without the tables of :data:`DROPPED_TABLES` (each with the
-    comment lines just above its header)."""
+    comment lines just above its header), then a ``[project.optional-dependencies]``
+    holding only the extras of :data:`STUDENT_EXTRAS` (each line as it was, with the
+    comment lines above it), when the original has any of them."""
     lines = text.splitlines(keepends=True)
+    kept = _student_extras(lines)
     heads = [(i, m.group(1)) for i, ln in enumerate(lines) if (m := _HEADER.match(ln))]
     drop: set[int] = set()
     for n, (i, name) in enumerate(heads):
@@ -169,7 +176,27 @@ def student_pyproject(text: str) -> str:
             end -= 1  # the next table's own comments stay with it
         drop.update(range(start, end))
     out = "".join(ln for i, ln in enumerate(lines) if i not in drop)
+    if kept:
+        out = out.rstrip("\n") + "\n\n[project.optional-dependencies]\n" + "".join(kept)
     return re.sub(r"\n{3,}", "\n\n", out)
+
+
+def _student_extras(lines: list[str]) -> list[str]:
+    """The lines of :data:`STUDENT_EXTRAS`' entries in the optional-dependencies table
+    (one-line entries, with the comment lines just above each)."""
+    out: list[str] = []
+    table = None
+    for i, ln in enumerate(lines):
+        if m := _HEADER.match(ln):
+            table = m.group(1)
+            continue
+        name = ln.split("=", 1)[0].strip()
+        if table == "project.optional-dependencies" and name in STUDENT_EXTRAS:
+            start = i
+            while start > 0 and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            out += lines[start:i + 1]
+    return out
 
 
 def _readme(labs: list[Path], version: str) -> str:

@@ -51,7 +51,7 @@ from typing import Literal
 import nbformat
 
 from perflab.course.answers import (SKIP_TAG, Flag, allowances, answers_of, assemble,
-                                    autograded, scan_answer)
+                                    autograded, forbidden_names, scan_answer, scan_forbidden)
 from perflab.course.cases import judge_answers
 from perflab.course.checks import parse_facts, run_judge
 from perflab.course.grading_process import ENV_FD as PROCESS_FD
@@ -432,8 +432,9 @@ def grade_notebook(path: str | Path, reference_path: str | Path, *, student: str
         return error_grade(student, lab, path, graded,
                            f"{path.name} is not a valid notebook ({type(e).__name__}: "
                            f"{str(e)[:200]}); nothing was run")
-    allow = allowances(reference)
-    flags = [f for gid, src in answers.items() for f in scan_answer(gid, src, allow.get(gid, ()))]
+    allow, forbid = allowances(reference), forbidden_names(reference)
+    flags = [f for gid, src in answers.items() for f in (
+        scan_answer(gid, src, allow.get(gid, ())) + scan_forbidden(gid, src, forbid.get(gid, ())))]
     assembled = assemble(reference, answers, skip_tag=skip_tag, seed=f"{seed}:{student}")
     grade = LabGrade(student, lab, path, [], flags=flags, notes=notes,
                      written=written_answers(submission, reference))

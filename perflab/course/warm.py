@@ -53,10 +53,13 @@ _built: dict[str, Path | None] = {}
 
 
 def uses_compile(notebook) -> bool:
-    """Whether a notebook's code cells call ``torch.compile`` (or Inductor's
-    ``run_and_get_code``): only such labs get the headers."""
-    return any(c.get("cell_type") == "code" and ("torch.compile" in c.get("source", "")
-                                                 or "run_and_get_code" in c.get("source", ""))
+    """Whether a notebook's code cells that grading runs call ``torch.compile`` (or
+    Inductor's ``run_and_get_code``): only such labs get the headers. Cells tagged
+    ``grading-skip`` never run in grading, so what they compile does not count."""
+    return any(c.get("cell_type") == "code"
+               and "grading-skip" not in c.get("metadata", {}).get("tags", [])
+               and ("torch.compile" in c.get("source", "")
+                    or "run_and_get_code" in c.get("source", ""))
                for c in notebook.get("cells", []))
 
 

@@ -210,7 +210,7 @@ def _kernels_note(dev, cores: int) -> str:
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
-        triton = "triton not installed (Linux only: pip install 'perflab[kernels]'); the PyTorch parts run"
+        triton = "triton not installed (Linux only: pip install 'triton>=3.0'); the PyTorch parts run"
     elif dev.type == "cuda":
         triton = "Triton kernels compiled for this GPU"
     else:

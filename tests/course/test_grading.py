@@ -519,3 +519,17 @@ def test_grade_command_refuses_without_the_required_sandbox(tmp_path, monkeypatc
     add_grade_arguments(args)
     with pytest.raises(ValueError, match="--sandbox bwrap: bwrap is not installed"):
         grade_command(args.parse_args([str(tmp_path), "--sandbox", "bwrap"]))
+
+
+def test_uses_compile_counts_only_cells_grading_runs():
+    """Inductor's header is built for a batch only when a cell grading runs compiles: a
+    measurement cell tagged grading-skip (Lab 11's timings) does not count."""
+    from perflab.course.warm import uses_compile
+
+    def nb(tags):
+        cell = nbformat.v4.new_code_cell("f = torch.compile(g)")
+        cell.metadata["tags"] = tags
+        return {"cells": [nbformat.v4.new_markdown_cell("torch.compile"), cell]}
+
+    assert uses_compile(nb([])) and uses_compile(nb(["nbval-ignore-output"]))
+    assert not uses_compile(nb(["nbval-ignore-output", "grading-skip"]))

@@ -110,7 +110,7 @@ def _answer_cells():
 
 def test_no_reference_answer_of_any_lab_is_flagged():
     cells = list(_answer_cells())
-    assert len(SOLUTIONS) == 11 and len(cells) > 60
+    assert len(SOLUTIONS) == 13 and len(cells) > 60
     flagged = [f"{name}: {flag} | {flag.text}" for name, gid, src, allow in cells
                for flag in scan_answer(gid, src, allow)]
     assert flagged == []
@@ -274,3 +274,38 @@ def test_a_writefile_answer_of_the_references_keeps_no_allowance_for_its_body():
     assert [(f.line, f.key) for f in scan_answer("ddp_file", src, allow)] == [
         (n - 1, "name get_ipython"), (n, "IPython events")]
     assert scan_answer("ddp_file", "\n" + answers["ddp_file"], allow) == []
+
+
+# -- what one exercise forbids (solution-cell metadata perflab.forbid; Lab 11's attention) --------
+_FORBID = ["scaled_dot_product_attention", "_scaled_dot_product_*", "torch.nn.attention",
+           "flex_attention"]
+
+
+def test_scan_forbidden_flags_calls_strings_and_dotted_imports_not_comments():
+    from perflab.course.answers import scan_forbidden
+
+    src = ("%%writefile ring_student.py\n"
+           "import torch.nn.functional as F\n"
+           "# not F.scaled_dot_product_attention: tiles\n"
+           "o = F.scaled_dot_product_attention(q, k, v)\n"
+           "op = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention')\n"
+           "from torch.nn.attention import sdpa_kernel\n"
+           "my_flex_attention_free = 1  # a longer name is not the forbidden one\n")
+    flags = scan_forbidden("ring_file", src, _FORBID)
+    assert [(f.line, f.key) for f in flags] == [
+        (4, "forbidden scaled_dot_product_attention"), (5, "forbidden _scaled_dot_product_*"),
+        (6, "forbidden torch.nn.attention")]
+    assert flags[0].text == "o = F.scaled_dot_product_attention(q, k, v)"
+    assert scan_forbidden("ring_file", src, ()) == []
+
+
+def test_lab11_forbids_the_attention_kernels_and_its_reference_uses_none():
+    from perflab.course.answers import forbidden_names, scan_forbidden
+    from tests.labs.labcheck import Lab
+
+    lab = Lab("11")
+    forbid = forbidden_names(lab.nb)
+    assert {"tiled_attention", "flash_backward", "triton_attention", "ring_file"} <= set(forbid)
+    for gid, names in forbid.items():
+        assert "scaled_dot_product_attention" in names and "_flash_attention_*" in names
+        assert scan_forbidden(gid, lab.solution(gid), names) == [], gid
