@@ -445,3 +445,18 @@ def test_every_graded_check_is_tested_and_compiles_nothing():
     graded = {gid for gid, src in NB.cells.items() if "### GRADED" in src}
     assert graded == set(GRADED)
     assert not uses_compile(NB.nb)
+
+
+def test_plots_draw_one_line_per_impl_and_refuse_a_bad_table():
+    import pandas as pd
+
+    from perflab.labs.lab11.plots import plot_peak_memory, plot_times
+
+    t = pd.DataFrame({"impl": ["naive", "naive", "tiled", "tiled"], "T": [128, 64, 64, 128],
+                      "peak_mib": [4.0, 1.0, 1.0, 2.0], "median_ms": [2.0, 1.0, 1.0, 3.0]})
+    ax = plot_peak_memory(t, title="peak").axes[0]
+    assert ax.get_legend_handles_labels()[1] == ["naive, measured", "∝ T²", "∝ T", "tiled, measured"]
+    assert list(ax.lines[0].get_xdata()) == [64, 128] and ax.get_xscale() == ax.get_yscale() == "log"
+    assert plot_times(t).axes[0].get_legend_handles_labels()[1] == ["naive", "tiled"]
+    with pytest.raises(ValueError, match="median_ms"):
+        plot_times(t.drop(columns="median_ms"))
