@@ -460,3 +460,30 @@ def test_plots_draw_one_line_per_impl_and_refuse_a_bad_table():
     assert plot_times(t).axes[0].get_legend_handles_labels()[1] == ["naive", "tiled"]
     with pytest.raises(ValueError, match="median_ms"):
         plot_times(t.drop(columns="median_ms"))
+
+
+def test_compiled_kernels_unsets_the_interpreter_for_the_whole_block():
+    """On a GPU the timings compile the student's kernel and Inductor's own Triton kernels
+    (torch.compile) inside the block: TRITON_INTERPRET must be unset there, and both the
+    interpreted kernel and the variable come back after (also after an error)."""
+    import os
+
+    from perflab.labs.lab11.kernels import compiled_kernels, load_triton
+
+    triton, tl, how = load_triton()
+    if "interpreter" not in how:
+        pytest.skip(how)
+
+    @triton.jit
+    def k(x_ptr):
+        tl.store(x_ptr, 1.0)
+
+    ns = {"k": k}
+    with pytest.raises(ZeroDivisionError):
+        with compiled_kernels(ns, ["k"]):
+            assert "TRITON_INTERPRET" not in os.environ and ns["k"] is not k
+            1 / 0
+    assert os.environ["TRITON_INTERPRET"] == "1" and ns["k"] is k
+    with pytest.raises(TypeError, match="not a @triton.jit kernel"):
+        with compiled_kernels({"f": print}, ["f"]):
+            pass

@@ -1,6 +1,6 @@
 """Triton where it imports; a stand-in that says why not where it does not.
 
-Triton ships wheels for Linux only (``pip install 'perflab[kernels]'``). Its interpreter
+Triton ships wheels for Linux only (``pip install 'triton>=3.0'``; the repository's ``kernels`` extra). Its interpreter
 runs ``@triton.jit`` kernels on CPU tensors, in NumPy, one program at a time
 (``TRITON_INTERPRET=1``, read when a kernel is *defined*): it checks indices, masks and
 numerics, never speed. :func:`load_triton` sets that variable before importing Triton, on
@@ -75,9 +75,11 @@ def load_triton() -> tuple[Any, Any, str]:
 @contextlib.contextmanager
 def compiled_kernels(namespace: MutableMapping[str, Any], names: Sequence[str]) -> Iterator[None]:
     """While the block runs, each interpreted kernel ``namespace[name]`` is the same
-    function jitted without ``TRITON_INTERPRET`` (compiled for the GPU on first launch);
-    the interpreted ones are put back after. For the GPU timings of kernels defined under
-    the interpreter.
+    function jitted without ``TRITON_INTERPRET`` (compiled for the GPU on first launch),
+    and ``TRITON_INTERPRET`` is unset, so the Triton kernels Inductor writes for
+    ``torch.compile`` inside the block are compiled too (the variable is read when a
+    kernel is defined); the interpreted kernels and the variable are put back after. For
+    the GPU timings of kernels defined under the interpreter.
 
     Raises:
         KeyError: a name not in ``namespace``.
@@ -91,15 +93,12 @@ def compiled_kernels(namespace: MutableMapping[str, Any], names: Sequence[str]) 
             raise TypeError(f"{n} is not a @triton.jit kernel")
     was = os.environ.pop("TRITON_INTERPRET", None)
     try:
-        fresh = {n: triton.jit(k.fn) for n, k in saved.items()}
-    finally:
-        if was is not None:
-            os.environ["TRITON_INTERPRET"] = was
-    namespace.update(fresh)
-    try:
+        namespace.update({n: triton.jit(k.fn) for n, k in saved.items()})
         yield
     finally:
         namespace.update(saved)
+        if was is not None:
+            os.environ["TRITON_INTERPRET"] = was
 
 
 @contextlib.contextmanager
