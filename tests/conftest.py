@@ -1,8 +1,18 @@
 """Shared pytest fixtures and markers (CPU-first; hardware tests skip and say why)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Lab 11 runs Triton kernels in Triton's interpreter, which must be on before Triton is
+# imported (triton.language's own helpers are jitted at import), and other tests import it
+# first (torch.compile's Inductor does) in the same worker. On a CPU nothing else runs
+# Triton kernels (Inductor writes C++ there); on a CUDA machine (make gpu-check) it is left
+# off, so compiled GPU kernels stay compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _no_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                               reason="needs a CUDA device; this machine has none")

@@ -208,9 +208,9 @@ def test_every_renamed_copy_of_a_reference_crosses_the_threshold(calibration, co
         else:
             assert m.score >= THRESHOLD, (gid, m.score)
             flagged.append(gid)
-    # measured: 40 flagged; 28 escape: predictions, one-line formulas and cells of fewer
-    # than MIN_TOKENS tokens of their own beside the scaffold (no evidence either way)
-    assert len(flagged) >= 40 and len(short) <= 28, (flagged, short)
+    # measured (13 labs): 52 flagged; 31 escape: predictions, one-line formulas and cells of
+    # fewer than MIN_TOKENS tokens of their own beside the scaffold (no evidence either way)
+    assert len(flagged) >= 50 and len(short) <= 31, (flagged, short)
     for gid in short:  # what escapes is short: fewer than MIN_TOKENS tokens of its own
         rows = [m for m in matches if m.student == f"copy {gid}" and m.source == gid]
         assert all(m.tokens < MIN_TOKENS for m in rows), gid

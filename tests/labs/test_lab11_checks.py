@@ -32,6 +32,7 @@ NB = Lab("11")
 SEEDS = [1, "grade:ada"]
 GRADED = ("check_fusion_bytes", "check_triton_softmax", "check_tiled", "check_tiled_memory",
           "check_backward", "check_triton_attention", "check_ring")
+GRADED_TESTED = GRADED   # each tried on wrong answers here (tests/labs/test_grading_checks.py)
 
 
 def _fails_on_a_hidden_case(verdict, why: str = "") -> None:
@@ -112,6 +113,11 @@ def test_honest_triton_variant_passes(ns):
 
 # -- wrong answers ------------------------------------------------------------------------------------
 WRONG = {
+    # elements, not bytes; and the subtract that forgets to read the row's max
+    "fusion_elements": ("fusion_bytes", "n, r = rows * cols * elem_bytes, rows * elem_bytes",
+                        "n, r = rows * cols, rows", "check_fusion_bytes", ""),
+    "fusion_subtract_without_max": ("fusion_bytes", '"subtract": n + r + n', '"subtract": n + n',
+                                    "check_fusion_bytes", ""),
     "no_rescale": ("tiled_attention", "            acc = alpha[..., None] * acc + p @ vj\n",
                    "            acc = acc + p @ vj\n", "check_tiled", "the output o"),
     "causal_off_by_one": ("tiled_attention", "s = s.masked_fill(cols > rows, float(\"-inf\"))",
@@ -487,3 +493,31 @@ def test_compiled_kernels_unsets_the_interpreter_for_the_whole_block():
     with pytest.raises(TypeError, match="not a @triton.jit kernel"):
         with compiled_kernels({"f": print}, ["f"]):
             pass
+
+
+def test_triton_imported_before_the_interpreter_gives_stand_ins_that_say_why():
+    """torch.compile imports Triton (Inductor); after that its language helpers (tl.max)
+    cannot run in the interpreter, so load_triton returns stand-ins whose launch names the
+    fix (the test suite sets TRITON_INTERPRET=1 before anything imports Triton:
+    tests/conftest.py)."""
+    import subprocess
+    import sys
+
+    code = ("import os\n"
+            "os.environ.pop('TRITON_INTERPRET', None)\n"
+            "import triton\n"
+            "from perflab.labs.lab11.kernels import TritonMissing, load_triton\n"
+            "triton, tl, how = load_triton()\n"
+            "@triton.jit\n"
+            "def k(x_ptr):\n"
+            "    pass\n"
+            "try:\n"
+            "    k[(1,)](None)\n"
+            "except TritonMissing as e:\n"
+            "    print('missing:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if "No module named 'triton'" in out.stderr:
+        pytest.skip("triton is not installed")
+    assert "missing: k is a Triton kernel: Triton was imported before TRITON_INTERPRET=1" in out.stdout, (
+        out.stdout, out.stderr[-800:])
+    assert "restart the kernel" in out.stdout

@@ -29,6 +29,8 @@ from tests.labs.labcheck import Lab, notebook_points
 NB = Lab("12")
 SEEDS = [1, "grade:ada"]
 CHECKS = {"memory_model": "check_memory", "time_model": "check_time", "search": "check_best"}
+# each tried on wrong answers here (tests/labs/test_grading_checks.py)
+GRADED_TESTED = ("check_memory", "check_time", "check_utilization", "check_best", "check_calibration")
 
 
 @pytest.fixture(scope="module")

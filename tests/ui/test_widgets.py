@@ -215,3 +215,35 @@ def test_reload_only_matches_the_same_panel_and_survives_a_broken_record(results
     panel.state_path.write_text("{not json")
     fresh = make(SavingRun())
     assert fresh.results == [] and fresh.status.value == "ready"
+
+
+def test_attention_panel_runs_the_measure_it_is_given_and_shows_both():
+    """Lab 11's panel: Run calls measure(T, block, causal) with the controls' values, draws
+    the rows as bars and sums them up in the status line; a measure that raises is shown,
+    and bad choices are refused before any widget is built."""
+    from perflab.ui.kernel_panel import attention_panel
+
+    calls = []
+
+    def measure(T, block, causal):
+        calls.append((T, block, causal))
+        return [{"impl": "naive", "peak_mib": 4.0, "median_ms": 2.0},
+                {"impl": "tiled (yours)", "peak_mib": 0.5, "median_ms": 3.0}]
+
+    panel = attention_panel(measure, seq_lens=(64, 128), block_sizes=(16, 32), causal=False)
+    panel.seq.value, panel.block.value = 128, 32
+    result = panel.run(raise_errors=True)
+    assert calls == [(128, 32, False)] and result["rows"][1]["peak_mib"] == 0.5
+    assert panel.image.value and "naive: 4 MiB, 2 ms; tiled (yours): 0.5 MiB, 3 ms" in panel.status.value
+
+    def broken(T, block, causal):
+        raise RuntimeError("out of memory")
+
+    bad = attention_panel(broken, seq_lens=(64,), block_sizes=(16,))
+    bad.run()
+    assert "out of memory" in bad.error.value
+    with pytest.raises(ValueError, match="block_sizes must be ints >= 1"):
+        attention_panel(measure, block_sizes=())
+    with pytest.raises(ValueError, match="rows must be a non-empty list"):
+        from perflab.viz.kernel_plots import plot_impl_bars
+        plot_impl_bars([{"impl": "x"}])

@@ -49,14 +49,17 @@ def _stub(reason: str) -> tuple[Any, Any]:
 
 
 def load_triton() -> tuple[Any, Any, str]:
-    """``(triton, triton.language, how it runs)``, with ``TRITON_INTERPRET=1`` set first
-    (unless Triton was imported already without it: then the reason says to restart the
-    kernel). Where Triton does not import, ``triton`` and ``tl`` are stand-ins:
-    ``@triton.jit`` still decorates, and launching the kernel raises
-    :class:`TritonMissing` saying why and where to run it."""
+    """``(triton, triton.language, how it runs)``, with ``TRITON_INTERPRET=1`` set first.
+    The variable must be set before Triton is imported: a kernel reads it when it is
+    defined, but ``triton.language``'s own jitted helpers (``tl.max``, ``tl.sum``) were
+    defined at import. So where Triton was imported already without it (``torch.compile``'s
+    Inductor imports it), the kernels cannot run in the interpreter: ``triton`` and ``tl``
+    are then stand-ins and the reason says to restart the kernel and run this first. Where
+    Triton does not import, the same stand-ins: ``@triton.jit`` still decorates, and
+    launching the kernel raises :class:`TritonMissing` saying why and where to run it."""
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        reason = ("Triton was imported before TRITON_INTERPRET=1 was set: restart the "
-                  "kernel and run the first cell first")
+        reason = ("Triton was imported before TRITON_INTERPRET=1 was set (torch.compile "
+                  "imports it): restart the kernel and run the first cell first")
         return (*_stub(reason), reason)
     os.environ["TRITON_INTERPRET"] = "1"
     try:
